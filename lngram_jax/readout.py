@@ -1,0 +1,209 @@
+"""The grouped-query readout with a zero-value sink, in three equal forms (paper §2.4).
+
+For query head a (KV head κ(a) = a // G) at one position:
+
+    s_r = Q_a·K_{r,κ(a)}/√dh,   α_r = exp(s_r)/(exp(b0) + Σ_r' exp(s_r')),
+    o_a = Σ_r α_r V_{r,κ(a)}.
+
+The sink has the fixed logit b0 and a zero value, so 1 - Σ_r α_r is the mass the
+head puts on "read nothing". Softmax statistics are in float32 (or wider).
+
+Forms, all given (q, x̂, W_K, W_V) with K = x̂W_K, V = x̂W_V:
+  literal    materialises K, V: [B, T, R, Hkv, dh] (`sink_readout` on them);
+  streaming  route chunks, online softmax from (max = b0, sum = 1), every chunk
+             rematerialised in the backward: O(chunk) memory instead of O(R);
+  absorbed   s = (W_K^κ Q_a)·x̂_r/√dh and o_a = (Σ_r α_r x̂_r)W_V^κ: a multi-query
+             attention of Hq queries of width D over R keys = values = x̂.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from lngram_jax import checks
+
+
+def _stat_dtype(dtype):
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def sink_readout(q_BxTxHqxDh, k_BxTxRxHkvxDh, v_BxTxRxHkvxDh, *, sink_logit,
+                 return_lse: bool = False):
+  """The literal reference readout over explicit keys and values.
+
+  Returns o_BxTxHqxDh (q's dtype) and, with `return_lse`, the float32
+  log-sum-exp over {sink, routes}: lse_BxTxHq (route mass = 1 - exp(b0 - lse)).
+  """
+  checks.check_rank("q", q_BxTxHqxDh, 4, "[B, T, Hq, dh]")
+  checks.check_rank("k", k_BxTxRxHkvxDh, 5, "[B, T, R, Hkv, dh]")
+  checks.check_rank("v", v_BxTxRxHkvxDh, 5, "[B, T, R, Hkv, dh]")
+  B, T, Hq, Dh = q_BxTxHqxDh.shape
+  Hkv = k_BxTxRxHkvxDh.shape[3]
+  if k_BxTxRxHkvxDh.shape != v_BxTxRxHkvxDh.shape:
+    raise ValueError(f"k {k_BxTxRxHkvxDh.shape} and v {v_BxTxRxHkvxDh.shape} differ.")
+  if k_BxTxRxHkvxDh.shape[-1] != Dh or Hq % Hkv:
+    raise ValueError(
+        f"q {q_BxTxHqxDh.shape} does not fit k {k_BxTxRxHkvxDh.shape}: need equal dh "
+        "and Hq a multiple of Hkv.")
+  G = Hq // Hkv
+  acc = _stat_dtype(q_BxTxHqxDh.dtype)
+  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
+  s_BxTxKxGxR = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxKxGxDh, k_BxTxRxHkvxDh,
+                           preferred_element_type=acc) / math.sqrt(Dh)
+  p_BxTxKxGxR, lse_BxTxKxG = _sink_softmax(s_BxTxKxGxR, sink_logit)
+  o_BxTxKxGxDh = jnp.einsum("btkgr,btrkd->btkgd", p_BxTxKxGxR,
+                            v_BxTxRxHkvxDh.astype(acc), preferred_element_type=acc)
+  o_BxTxHqxDh = o_BxTxKxGxDh.reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
+  if return_lse:
+    return o_BxTxHqxDh, lse_BxTxKxG.reshape(B, T, Hq)
+  return o_BxTxHqxDh
+
+
+def _sink_softmax(s_xR, sink_logit):
+  """α = exp(s)/(exp(b0) + Σ exp(s)) along the last axis, and its lse."""
+  m = jnp.maximum(jnp.max(s_xR, axis=-1), sink_logit)
+  e_xR = jnp.exp(s_xR - m[..., None])
+  denom = jnp.exp(sink_logit - m) + jnp.sum(e_xR, axis=-1)
+  return e_xR / denom[..., None], m + jnp.log(denom)
+
+
+def route_mass_from_lse(lse, sink_logit):
+  """Σ_r α_r = 1 - exp(b0 - lse): the probability mass on real routes."""
+  return 1.0 - jnp.exp(sink_logit - lse)
+
+
+def _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh):
+  checks.check_rank("q", q_BxTxHqxDh, 4, "[B, T, Hq, dh]")
+  checks.check_rank("mem", mem_BxTxRxD, 4, "[B, T, R, D]")
+  checks.check_rank("w_k", w_k_DxHkvxDh, 3, "[D, Hkv, dh]")
+  if w_k_DxHkvxDh.shape != w_v_DxHkvxDh.shape:
+    raise ValueError(f"w_k {w_k_DxHkvxDh.shape} and w_v {w_v_DxHkvxDh.shape} differ.")
+  D, Hkv, Dh = w_k_DxHkvxDh.shape
+  if mem_BxTxRxD.shape[-1] != D or q_BxTxHqxDh.shape[-1] != Dh:
+    raise ValueError(
+        f"mem {mem_BxTxRxD.shape} / q {q_BxTxHqxDh.shape} do not fit w_k {w_k_DxHkvxDh.shape}.")
+  if q_BxTxHqxDh.shape[2] % Hkv:
+    raise ValueError(f"Hq={q_BxTxHqxDh.shape[2]} must be a multiple of Hkv={Hkv}.")
+
+
+def literal_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+                    sink_logit, return_lse=False):
+  """Project x̂ to K, V: [B, T, R, Hkv, dh], then `sink_readout`."""
+  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
+  k_BxTxRxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxD, w_k_DxHkvxDh)
+  v_BxTxRxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxD, w_v_DxHkvxDh)
+  return sink_readout(q_BxTxHqxDh, k_BxTxRxKxDh, v_BxTxRxKxDh,
+                      sink_logit=sink_logit, return_lse=return_lse)
+
+
+def streaming_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+                      sink_logit, chunk=64, return_lse=False):
+  """The literal readout over route chunks with an online sink softmax.
+
+  The running state starts at (max = b0, sum = 1, acc = 0): the sink counted
+  once. Each chunk projects its own K, V and is rematerialised in the backward,
+  so at most `chunk` routes of K, V are alive at once. A ragged last chunk is
+  padded with routes whose scores are -inf.
+  """
+  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
+  B, T, Hq, Dh = q_BxTxHqxDh.shape
+  R, D = mem_BxTxRxD.shape[2:]
+  Hkv = w_k_DxHkvxDh.shape[1]
+  G = Hq // Hkv
+  acc = _stat_dtype(q_BxTxHqxDh.dtype)
+  chunk = max(1, min(chunk, R))
+  n_chunks = -(-R // chunk)
+  pad = n_chunks * chunk - R
+  mem_CxBxTxCrxD = jnp.pad(mem_BxTxRxD, ((0, 0), (0, 0), (0, pad), (0, 0)))
+  mem_CxBxTxCrxD = jnp.moveaxis(mem_CxBxTxCrxD.reshape(B, T, n_chunks, chunk, D), 2, 0)
+  real_CxCr = (jnp.arange(n_chunks * chunk) < R).reshape(n_chunks, chunk)
+  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
+  neg_inf = jnp.finfo(acc).min
+
+  @jax.checkpoint
+  def chunk_step(state, inputs):
+    m_run, l_run, o_run = state
+    mem_BxTxCrxD, real_Cr = inputs
+    k_BxTxCrxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxD, w_k_DxHkvxDh)
+    v_BxTxCrxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxD, w_v_DxHkvxDh)
+    s = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxKxGxDh, k_BxTxCrxKxDh,
+                   preferred_element_type=acc) / math.sqrt(Dh)
+    s = jnp.where(real_Cr, s, neg_inf)
+    m_new = jnp.maximum(m_run, jnp.max(s, axis=-1))
+    correction = jnp.exp(m_run - m_new)
+    e = jnp.exp(s - m_new[..., None])
+    l_new = l_run * correction + jnp.sum(e, axis=-1)
+    o_new = o_run * correction[..., None] + jnp.einsum(
+        "btkgr,btrkd->btkgd", e, v_BxTxCrxKxDh.astype(acc), preferred_element_type=acc)
+    return (m_new, l_new, o_new), None
+
+  m0 = jnp.full((B, T, Hkv, G), sink_logit, acc)
+  l0 = jnp.ones((B, T, Hkv, G), acc)
+  o0 = jnp.zeros((B, T, Hkv, G, Dh), acc)
+  (m, total, o), _ = jax.lax.scan(chunk_step, (m0, l0, o0), (mem_CxBxTxCrxD, real_CxCr))
+  o_BxTxHqxDh = (o / total[..., None]).reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
+  if return_lse:
+    return o_BxTxHqxDh, (m + jnp.log(total)).reshape(B, T, Hq)
+  return o_BxTxHqxDh
+
+
+def mqa_sink_attention(q_BxTxHqxD, mem_BxTxRxD, *, sink_logit, scale):
+  """Multi-query sink attention with keys = values = mem (the absorbed core).
+
+  u_a = Σ_r α_r mem_r with α over {sink, routes} and scores scale·q_a·mem_r.
+  Returns u_BxTxHqxD (q's dtype) and lse_BxTxHq (float32 or wider).
+  """
+  acc = _stat_dtype(q_BxTxHqxD.dtype)
+  s_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", q_BxTxHqxD, mem_BxTxRxD,
+                          preferred_element_type=acc) * scale
+  p_BxTxHqxR, lse_BxTxHq = _sink_softmax(s_BxTxHqxR, sink_logit)
+  u_BxTxHqxD = jnp.einsum("bthr,btrd->bthd", p_BxTxHqxR.astype(mem_BxTxRxD.dtype),
+                          mem_BxTxRxD, preferred_element_type=acc)
+  return u_BxTxHqxD.astype(q_BxTxHqxD.dtype), lse_BxTxHq
+
+
+def absorb_query(q_BxTxHqxDh, w_k_DxHkvxDh):
+  """q̃_a = W_K^{κ(a)} Q_a: [B, T, Hq, D], the query in the route-token space."""
+  B, T, Hq, Dh = q_BxTxHqxDh.shape
+  Hkv = w_k_DxHkvxDh.shape[1]
+  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, Hq // Hkv, Dh)
+  q_abs = jnp.einsum("btkgh,dkh->btkgd", q_BxTxKxGxDh, w_k_DxHkvxDh)
+  return q_abs.reshape(B, T, Hq, -1)
+
+
+def project_values(u_BxTxHqxD, w_v_DxHkvxDh):
+  """o_a = u_a W_V^{κ(a)}: [B, T, Hq, dh]."""
+  B, T, Hq, D = u_BxTxHqxD.shape
+  Hkv = w_v_DxHkvxDh.shape[1]
+  u_BxTxKxGxD = u_BxTxHqxD.reshape(B, T, Hkv, Hq // Hkv, D)
+  o = jnp.einsum("btkgd,dkh->btkgh", u_BxTxKxGxD, w_v_DxHkvxDh)
+  return o.reshape(B, T, Hq, -1)
+
+
+def absorbed_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+                     sink_logit, return_lse=False, attention=None):
+  """The absorbed form: no [B, T, R, Hkv, dh] tensor is ever built.
+
+  `attention` swaps the multi-query core (default `mqa_sink_attention`) for a
+  kernel with the same contract.
+  """
+  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
+  Dh = q_BxTxHqxDh.shape[-1]
+  attention = mqa_sink_attention if attention is None else attention
+  q_abs_BxTxHqxD = absorb_query(q_BxTxHqxDh, w_k_DxHkvxDh).astype(mem_BxTxRxD.dtype)
+  u_BxTxHqxD, lse_BxTxHq = attention(
+      q_abs_BxTxHqxD, mem_BxTxRxD, sink_logit=sink_logit, scale=1.0 / math.sqrt(Dh))
+  o_BxTxHqxDh = project_values(u_BxTxHqxD, w_v_DxHkvxDh).astype(q_BxTxHqxDh.dtype)
+  if return_lse:
+    return o_BxTxHqxDh, lse_BxTxHq
+  return o_BxTxHqxDh
+
+
+READOUT_FORMS = {
+    "literal": literal_readout,
+    "streaming": streaming_readout,
+    "absorbed": absorbed_readout,
+}

@@ -1,0 +1,49 @@
+"""Shared test setup.
+
+Runs before any test module imports jax: exposes 8 host (CPU) devices so that
+sharding tests work on a single machine, and turns on a persistent compilation
+cache. The platform itself is not forced, so a GPU or TPU is used when present.
+"""
+
+import os
+
+_HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+_xla_flags = os.environ.get("XLA_FLAGS", "")
+if _HOST_DEVICES_FLAG not in _xla_flags:
+    os.environ["XLA_FLAGS"] = f"{_xla_flags} {_HOST_DEVICES_FLAG}=8".strip()
+
+import jax
+import pytest
+
+_CACHE_DIR = os.environ.get("LNGRAM_JAX_CACHE_DIR") or os.path.join(
+    os.path.expanduser("~"), ".cache", "lngram-jax", "xla"
+)
+
+
+def _set_config(name, value):
+    # Option names may differ between jax versions; a missing one is not fatal.
+    try:
+        jax.config.update(name, value)
+    except AttributeError:
+        pass
+
+
+_set_config("jax_compilation_cache_dir", _CACHE_DIR)
+_set_config("jax_persistent_cache_min_compile_time_secs", 0.5)
+_set_config("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    needs_backend = {"gpu": "gpu", "tpu": "tpu"}
+    if not any(item.get_closest_marker(m) for item in items for m in needs_backend):
+        return
+    backend = jax.default_backend()
+    for marker, wanted in needs_backend.items():
+        if backend == wanted:
+            continue
+        skip = pytest.mark.skip(
+            reason=f"needs a {wanted.upper()} (jax default backend is {backend!r})"
+        )
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
