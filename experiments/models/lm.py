@@ -79,10 +79,8 @@ class DecoderLM(nnx.Module):
                            param_dtype=c.param_dtype, init_std=c.init_std, rngs=rngs)
     self.blocks = nnx.List([Block(c, i, rngs=rngs) for i in range(c.n_layers)])
     self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
-    self.unembed = None
-    if not c.tie_embeddings:
-      self.unembed = nnx.Param(
-          normal(c.init_std)(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
+    self.unembed = None if c.tie_embeddings else nnx.Param(
+        normal(c.init_std)(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
 
   def logits(self, x_BxTxD):
     """Final norm and output projection; float32 logits [B, T, V]."""

@@ -1,0 +1,178 @@
+"""The decoder LM: shapes, causality, packed segments, zero-init branch, config."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments.models import DecoderLM, LMConfig
+from lngram_jax.config import LngramConfig
+
+LNGRAM = LngramConfig(d_model=32, routes=4, bits=2, orders=(2, 3), mem_dim=8, q_heads=4,
+                      kv_heads=2, head_dim=8)
+CONFIG = LMConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+                  max_len=32, lngram_layers=(1,), lngram=LNGRAM)
+B, T = 2, 12
+
+
+def _model(config=CONFIG, seed=0, live_lngram=True):
+  """A model; `live_lngram` makes the zero-init W_O and conv nonzero."""
+  model = DecoderLM(config, rngs=nnx.Rngs(seed))
+  if live_lngram:
+    for i, block in enumerate(model.blocks):
+      if block.lngram is not None:
+        k1, k2 = jax.random.split(jax.random.key(100 + i))
+        block.lngram.w_o[...] = 0.3 * jax.random.normal(k1, block.lngram.w_o.shape)
+        block.lngram.conv_kernel[...] = 0.3 * jax.random.normal(
+            k2, block.lngram.conv_kernel.shape)
+  return model
+
+
+@nnx.jit
+def _forward(model, tokens, segment_ids=None, valid=None):
+  return model(tokens, segment_ids=segment_ids, valid=valid)
+
+
+def _tokens(seed=1, shape=(B, T)):
+  return jax.random.randint(jax.random.key(seed), shape, 0, 256, dtype=jnp.int32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_shapes_dtypes_and_aux(dtype):
+  config = CONFIG.replace(dtype=dtype, lngram=LNGRAM.replace(dtype=jnp.dtype(dtype)))
+  model = _model(config)
+  logits, aux = nnx.jit(lambda m, x: m(x, return_aux=True))(model, _tokens())
+  assert logits.shape == (B, T, 256) and logits.dtype == jnp.float32
+  assert bool(jnp.isfinite(logits).all())
+  assert sorted(aux) == ["lngram/1/codes", "lngram/1/route_mass"]
+  assert aux["lngram/1/codes"].shape == (B, T, LNGRAM.routes)
+  assert aux["lngram/1/codes"].dtype == jnp.int32
+  assert aux["lngram/1/route_mass"].shape == (B, T, LNGRAM.q_heads)
+  mass = aux["lngram/1/route_mass"].astype(jnp.float32)
+  assert bool(((mass > 0) & (mass < 1)).all())
+
+
+def test_causality_by_gradient():
+  """d logits[t] / d input[s] is exactly zero for every s > t (Lngram branch live)."""
+  model = _model()
+  x_BxTxD = model.embed(_tokens())
+
+  @nnx.jit
+  def grad_wrt_inputs(model, x_BxTxD, t):
+    def f(x):
+      logits = model.forward_embedded(x)
+      return jnp.sum(jnp.take(logits, t, axis=1) * jnp.linspace(-1, 1, 256))
+    return jax.grad(f)(x_BxTxD)
+
+  for t in (0, 4, T - 2):
+    g_BxTxD = np.asarray(grad_wrt_inputs(model, x_BxTxD, t))
+    assert np.all(g_BxTxD[:, t + 1:] == 0.0), t
+    assert np.all(np.abs(g_BxTxD[:, : t + 1]).sum(-1) > 0), t
+
+
+def test_future_tokens_do_not_change_earlier_logits():
+  model = _model()
+  tokens = _tokens()
+  changed = tokens.at[:, 7:].set((tokens[:, 7:] + 1) % 256)
+  before, after = _forward(model, tokens), _forward(model, changed)
+  np.testing.assert_array_equal(before[:, :7], after[:, :7])
+  assert float(jnp.abs(before[:, 7:] - after[:, 7:]).max()) > 1e-4
+
+
+def test_packed_segments_do_not_see_each_other():
+  """A row packing segments A (5 tokens) and B (7) gives the logits of A and B alone."""
+  model = _model()
+  tokens = _tokens(seed=2)
+  packed = tokens[:1]
+  segment_ids = jnp.array([[0] * 5 + [1] * 7])
+  alone = jnp.stack([jnp.pad(packed[0, :5], (0, 7)), jnp.pad(packed[0, 5:], (0, 5))])
+  valid = jnp.array([[True] * 5 + [False] * 7, [True] * 7 + [False] * 5])
+  logits_packed = _forward(model, jnp.concatenate([packed, packed]),
+                           jnp.concatenate([segment_ids, segment_ids]), None)[0]
+  logits_alone = _forward(model, alone, jnp.zeros((2, T), jnp.int32), valid)
+  np.testing.assert_allclose(logits_packed[:5], logits_alone[0, :5], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits_packed[5:], logits_alone[1, :7], rtol=1e-5, atol=1e-5)
+
+
+def test_zero_init_lngram_branch_leaves_logits_unchanged_and_trains():
+  baseline = DecoderLM(CONFIG.replace(lngram_layers=(), lngram=None), rngs=nnx.Rngs(5))
+  model = DecoderLM(CONFIG, rngs=nnx.Rngs(6))
+  nnx.update(model, nnx.state(baseline))  # every non-Lngram weight copied
+  tokens = _tokens(seed=3)
+  np.testing.assert_array_equal(_forward(model, tokens), _forward(baseline, tokens))
+
+  @nnx.jit
+  def grads(model, tokens):
+    def loss(model):
+      logits = model(tokens[:, :-1])
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                           tokens[:, 1:, None], axis=-1))
+    return nnx.grad(loss)(model)
+
+  g = grads(model, tokens)
+  # W_O is zero but still receives gradient (DESIGN.md §2, Init).
+  assert float(jnp.abs(g["blocks"][1]["lngram"]["w_o"][...]).max()) > 0
+
+
+def test_remat_matches_plain_values_and_grads():
+  plain = _model()
+  remat = DecoderLM(CONFIG.replace(remat=True), rngs=nnx.Rngs(7))
+  nnx.update(remat, nnx.state(plain))
+  tokens = _tokens(seed=4)
+
+  @nnx.jit
+  def value_and_grad(model, tokens):
+    return nnx.value_and_grad(lambda m: jnp.mean(m(tokens) ** 2))(model)
+
+  (v0, g0), (v1, g1) = value_and_grad(plain, tokens), value_and_grad(remat, tokens)
+  np.testing.assert_allclose(v0, v1, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g0, g1)
+
+
+def test_untied_embeddings_and_param_paths():
+  model = DecoderLM(CONFIG.replace(tie_embeddings=False), rngs=nnx.Rngs(0))
+  assert model.unembed.shape == (32, 256)
+  paths = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  for expected in ("embed/table", "unembed", "final_norm/scale", "blocks/0/attn/w_q",
+                   "blocks/1/lngram/tables/0", "blocks/1/lngram/router_w"):
+    assert expected in paths, (expected, sorted(paths))
+  assert not any(p.startswith("blocks/0/lngram") for p in paths)
+  assert _forward(model, _tokens()).shape == (B, T, 256)
+
+
+@pytest.mark.parametrize("config", [
+    CONFIG,
+    CONFIG.replace(dtype="bfloat16", param_dtype=jnp.bfloat16, tie_embeddings=False,
+                   lngram=LNGRAM.replace(dtype=jnp.bfloat16, surrogate="exact")),
+    CONFIG.replace(lngram_layers=(), lngram=None),
+])
+def test_config_json_round_trip(config):
+  d = json.loads(json.dumps(config.to_dict()))
+  assert LMConfig.from_dict(d) == config
+  assert isinstance(d["dtype"], str)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(n_heads=3), "n_heads=3 must be a multiple of n_kv_heads=2"),
+    (dict(head_dim=7), "head_dim=7 must be even"),
+    (dict(d_model=0), "d_model=0 must be a positive int"),
+    (dict(lngram_layers=(2,)), r"lngram_layers=\(2,\) has \[2\] outside"),
+    (dict(lngram_layers=(1, 1)), "duplicates"),
+    (dict(lngram=None), "needs an `lngram` config"),
+    (dict(lngram=LNGRAM.replace(d_model=64, q_heads=8)), "lngram.d_model=64 must equal"),
+    (dict(dtype="int32"), "dtype='int32' is not one of"),
+    (dict(norm_eps=0.0), "norm_eps=0.0 must be > 0"),
+])
+def test_bad_config_errors_name_the_field(changes, match):
+  with pytest.raises(ValueError, match=match):
+    CONFIG.replace(**changes)
+
+
+def test_from_dict_rejects_unknown_fields_and_long_inputs():
+  with pytest.raises(ValueError, match="unknown fields"):
+    LMConfig.from_dict({**CONFIG.to_dict(), "n_layer": 3})
+  with pytest.raises(ValueError, match="max_len=32"):
+    _model().forward_embedded(jnp.zeros((1, 33, 32)))
