@@ -1,0 +1,152 @@
+"""Cached decoding of the LM: prefill + decode == parallel forward; generate()."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments.models import DecoderLM, LMConfig, generate, sample_logits
+from lngram_jax.config import LngramConfig
+
+LNGRAM = LngramConfig(d_model=32, routes=4, bits=2, orders=(2, 3), mem_dim=8, q_heads=4,
+                      kv_heads=2, head_dim=8, surrogate="exact")
+CONFIG = LMConfig(d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+                  max_len=32, lngram_layers=(0, 2), lngram=LNGRAM)
+T_PROMPT, N_NEW = 8, 5
+
+
+@pytest.fixture(scope="module")
+def model():
+  """Lngram layers at 0 and 2 with nonzero W_O and conv, so the branch matters."""
+  model = DecoderLM(CONFIG, rngs=nnx.Rngs(0))
+  for i, block in enumerate(model.blocks):
+    if block.lngram is not None:
+      k1, k2 = jax.random.split(jax.random.key(10 + i))
+      block.lngram.w_o[...] = 0.3 * jax.random.normal(k1, block.lngram.w_o.shape)
+      block.lngram.conv_kernel[...] = 0.3 * jax.random.normal(
+          k2, block.lngram.conv_kernel.shape)
+  return model
+
+
+@nnx.jit
+def _forward(model, tokens, segment_ids, valid):
+  return model(tokens, segment_ids=segment_ids, valid=valid)
+
+
+@nnx.jit
+def _prefill(model, tokens, lengths, segment_ids):
+  return model.prefill(tokens, lengths=lengths, segment_ids=segment_ids,
+                       cache_len=T_PROMPT + N_NEW)
+
+
+_decode_step = nnx.jit(lambda model, tokens, cache: model.decode_step(tokens, cache))
+
+
+def _continued(tokens, lengths, segment_ids, new_tokens):
+  """Each row's prompt directly followed by its new tokens, right-padded to one shape."""
+  B = tokens.shape[0]
+  S = T_PROMPT + N_NEW
+  seq, seg, valid = np.zeros((B, S), np.int32), np.zeros((B, S), np.int32), np.zeros((B, S), bool)
+  for b in range(B):
+    L = int(lengths[b])
+    seq[b, :L], seq[b, L:L + N_NEW] = tokens[b, :L], new_tokens[b]
+    seg[b, :L], seg[b, L:] = segment_ids[b, :L], segment_ids[b, L - 1]
+    valid[b, :L + N_NEW] = True
+  return jnp.asarray(seq), jnp.asarray(seg), jnp.asarray(valid)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_prefill_and_decode_equal_parallel_forward(model, packed):
+  """Batched prompts of lengths 3, 8, 6 (row 2 packs two segments), 5 new tokens."""
+  tokens = jax.random.randint(jax.random.key(1), (3, T_PROMPT), 0, 256, dtype=jnp.int32)
+  new_tokens = jax.random.randint(jax.random.key(2), (3, N_NEW), 0, 256, dtype=jnp.int32)
+  lengths = jnp.array([3, 8, 6])
+  segment_ids = jnp.zeros((3, T_PROMPT), jnp.int32)
+  if packed:
+    segment_ids = segment_ids.at[1, 5:].set(1).at[2, 2:].set(1)
+  prompt_logits, cache = _prefill(model, tokens, lengths, segment_ids if packed else None)
+  step_logits = []
+  for i in range(N_NEW):
+    logits_BxV, cache = _decode_step(model, new_tokens[:, i:i + 1], cache)
+    step_logits.append(logits_BxV)
+  np.testing.assert_array_equal(cache.index_B, lengths + N_NEW)
+
+  seq, seg, valid = _continued(tokens, lengths, segment_ids, new_tokens)
+  ref = _forward(model, seq, seg, valid)
+  for b in range(3):
+    L = int(lengths[b])
+    np.testing.assert_allclose(prompt_logits[b, :L], ref[b, :L], rtol=1e-5, atol=1e-5)
+    for i in range(N_NEW):
+      # The logits after feeding new token i predict position L + i + 1.
+      np.testing.assert_allclose(step_logits[i][b], ref[b, L + i], rtol=1e-5, atol=1e-5)
+  if packed:
+    # Positions continue inside the last segment: row 1 = 3 tokens of segment 1.
+    np.testing.assert_array_equal(cache.position_B, [3 + N_NEW, 3 + N_NEW, 4 + N_NEW])
+
+
+def _greedy_reference(model, tokens, lengths, n_new):
+  """Repeated full forwards, one row at a time, argmax at the last real token."""
+  out = []
+  for b in range(tokens.shape[0]):
+    seq = list(np.asarray(tokens[b, : int(lengths[b])]))
+    for _ in range(n_new):
+      logits = _forward(model, jnp.asarray(seq + [0] * (T_PROMPT + n_new - len(seq)))[None],
+                        None, None)
+      seq.append(int(jnp.argmax(logits[0, len(seq) - 1])))
+    out.append(seq[int(lengths[b]):])
+  return np.array(out)
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no_cache"])
+def test_generate_greedy_equals_argmax_of_full_forwards(model, use_cache):
+  tokens = jax.random.randint(jax.random.key(3), (2, T_PROMPT), 0, 256, dtype=jnp.int32)
+  lengths = jnp.array([T_PROMPT, 4])
+  got = generate(model, tokens, prompt_lengths=lengths, max_new_tokens=N_NEW,
+                 rng=jax.random.key(0), greedy=True, use_cache=use_cache)
+  assert got.shape == (2, N_NEW) and got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, _greedy_reference(model, tokens, lengths, N_NEW))
+
+
+def test_sampling_same_tokens_with_and_without_cache_and_inside_top_k(model):
+  """Same rng, same draws on both paths; every draw is among the model's top 3."""
+  tokens = jax.random.randint(jax.random.key(4), (2, T_PROMPT), 0, 256, dtype=jnp.int32)
+  lengths = jnp.array([5, 8])
+  kwargs = dict(prompt_lengths=lengths, max_new_tokens=N_NEW, rng=jax.random.key(7),
+                temperature=5.0, top_k=3)
+  got = generate(model, tokens, use_cache=True, **kwargs)
+  np.testing.assert_array_equal(got, generate(model, tokens, use_cache=False, **kwargs))
+  seq, seg, valid = _continued(tokens, lengths, jnp.zeros_like(tokens), got)
+  ref = _forward(model, seq, seg, valid)
+  for b in range(2):
+    L = int(lengths[b])
+    for i in range(N_NEW):
+      assert int(got[b, i]) in np.asarray(jax.lax.top_k(ref[b, L - 1 + i], 3)[1])
+  # A high temperature over 3 candidates does not collapse onto the argmax.
+  argmax = np.asarray(jnp.argmax(ref, -1))
+  assert any(int(got[b, i]) != argmax[b, int(lengths[b]) - 1 + i]
+             for b in range(2) for i in range(N_NEW))
+
+
+def test_top_k_never_samples_outside_the_top_k():
+  logits_BxV = jax.random.normal(jax.random.key(5), (512, 256)) * 3.0
+  # Ties at the k-th value: many equal logits must not widen the candidate set.
+  logits_BxV = logits_BxV.at[:8, :].set(0.0).at[:8, 3].set(1.0)
+  k = 4
+  sample = jax.jit(sample_logits, static_argnames=("top_k", "greedy"))
+  tokens_B = sample(logits_BxV, jax.random.key(6), temperature=2.0, top_k=k)
+  top_BxK = np.asarray(jax.lax.top_k(logits_BxV, k)[1])
+  assert all(int(t) in top_BxK[b] for b, t in enumerate(tokens_B))
+  assert len(set(np.asarray(tokens_B[8:] == top_BxK[8:, 0]).tolist())) == 2  # not just argmax
+  greedy_B = sample(logits_BxV, jax.random.key(6), greedy=True)
+  np.testing.assert_array_equal(greedy_B, jnp.argmax(logits_BxV, -1))
+
+
+def test_generate_rejects_bad_arguments(model):
+  tokens = jnp.zeros((1, T_PROMPT), jnp.int32)
+  with pytest.raises(ValueError, match="exceeds max_len=32"):
+    generate(model, tokens, max_new_tokens=30, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match="top_k=0"):
+    generate(model, tokens, max_new_tokens=2, rng=jax.random.key(0), top_k=0)
+  with pytest.raises(ValueError, match="temperature=0"):
+    generate(model, tokens, max_new_tokens=2, rng=jax.random.key(0), temperature=0.0)
