@@ -10,6 +10,12 @@ Shape legend used in names throughout the package:
 from lngram_jax.addressing import codes_from_logits, ngram_rows, window_valid
 from lngram_jax.config import LngramConfig, sink_logit
 from lngram_jax.conv import short_conv
+from lngram_jax.decode import (
+    LngramDecodeState,
+    init_decode_state,
+    lngram_decode_step,
+    prefill_decode_state,
+)
 from lngram_jax.layer import LngramV2, param_count
 from lngram_jax.lookup import ngram_lookup
 from lngram_jax.norms import rms_norm
@@ -26,14 +32,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LngramConfig",
+    "LngramDecodeState",
     "LngramV2",
     "absorbed_readout",
     "codes_from_logits",
+    "init_decode_state",
+    "lngram_decode_step",
     "literal_readout",
     "mqa_sink_attention",
     "ngram_lookup",
     "ngram_rows",
     "param_count",
+    "prefill_decode_state",
     "rms_norm",
     "route_mass_from_lse",
     "short_conv",
