@@ -1,0 +1,112 @@
+"""Block sizes and input checks shared by the sink-readout kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+# Masked scores. Finite so that (mask - running max) never turns into
+# inf - inf; the running max starts at the sink logit b0, so exp(mask - max)
+# underflows to exactly 0 without any special case.
+MASK_VALUE = float(jnp.finfo(jnp.float32).min)
+
+IMPLEMENTATIONS = ("xla", "triton", "mosaic_tpu")
+BACKWARDS = ("pallas", "xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Tile sizes of the sink-readout kernels.
+
+  Tokens are independent (each has its own R memory tokens), so the grid runs
+  over token blocks and each program loops over route blocks with an online
+  softmax. Nothing is shared between tokens: a larger `block_n` only
+  amortises per-program overhead (it matters on TPU, where every grid step
+  costs ~0.35 µs; on GPU one token per program is the natural choice).
+
+  Attributes:
+    block_n: tokens per program, forward.
+    block_r: routes per inner step, forward. Triton: a power of 2 (>= 16).
+      Mosaic: a multiple of 128, or >= R (then one step covers all routes).
+    block_n_bwd, block_r_bwd: the same for the backward kernel; None means
+      the forward value.
+    num_warps, num_stages: Triton only (None picks from the tile size).
+  """
+
+  block_n: int = 1
+  block_r: int = 64
+  block_n_bwd: int | None = None
+  block_r_bwd: int | None = None
+  num_warps: int | None = None
+  num_stages: int = 2
+
+  def __post_init__(self):
+    for name in ("block_n", "block_r", "block_n_bwd", "block_r_bwd", "num_warps"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"BlockSizes: {name}={value!r} must be a positive int or None.")
+
+  @property
+  def bwd_n(self) -> int:
+    return self.block_n if self.block_n_bwd is None else self.block_n_bwd
+
+  @property
+  def bwd_r(self) -> int:
+    return self.block_r if self.block_r_bwd is None else self.block_r_bwd
+
+  @classmethod
+  def get_default(cls, implementation: str, route_dim: int = 256) -> BlockSizes:
+    """Defaults per implementation; route_dim (D) sets the register budget."""
+    if implementation == "mosaic_tpu":
+      return cls(block_n=8, block_r=512)
+    # Triton: the backward holds q, dout, dq [Hq, D] and mem, dmem [block_r, D]
+    # in registers, so it takes half the routes of the forward.
+    if route_dim > 256:
+      return cls(block_n=1, block_r=32, block_r_bwd=16, num_warps=8)
+    return cls(block_n=1, block_r=64, block_r_bwd=32, num_warps=4)
+
+
+def next_power_of_2(x: int) -> int:
+  return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def triton_pad(x: int) -> int:
+  """Padded tile extent for Triton: a power of 2, at least 16 (tl.dot's minimum)."""
+  return max(16, next_power_of_2(x))
+
+
+def check_inputs(q_NxHqxD, mem_NxRxD) -> None:
+  """Shape and dtype checks of the public entry point, with named values."""
+  if q_NxHqxD.ndim != 3:
+    raise ValueError(f"sink_readout: q must be [N, Hq, D]; got shape {tuple(q_NxHqxD.shape)}.")
+  if mem_NxRxD.ndim != 3:
+    raise ValueError(
+        f"sink_readout: mem must be [N, R, D]; got shape {tuple(mem_NxRxD.shape)}.")
+  N, Hq, D = q_NxHqxD.shape
+  n_mem, R, d_mem = mem_NxRxD.shape
+  if n_mem != N or d_mem != D:
+    raise ValueError(
+        f"sink_readout: q {tuple(q_NxHqxD.shape)} and mem {tuple(mem_NxRxD.shape)} must agree "
+        f"on N and D ({N=}, {n_mem=}, {D=}, {d_mem=}).")
+  if min(N, Hq, R, D) < 1:
+    raise ValueError(f"sink_readout: empty input ({N=}, {Hq=}, {R=}, {D=}).")
+  for name, x in (("q", q_NxHqxD), ("mem", mem_NxRxD)):
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+      raise TypeError(f"sink_readout: {name} dtype {x.dtype} must be float32, bfloat16 or float16.")
+  if q_NxHqxD.dtype != mem_NxRxD.dtype:
+    raise TypeError(
+        f"sink_readout: q dtype {q_NxHqxD.dtype} must equal mem dtype {mem_NxRxD.dtype}.")
+
+
+def check_triton_blocks(block_n: int, block_r: int) -> None:
+  if block_r != next_power_of_2(block_r) or block_r < 16:
+    raise ValueError(f"triton sink readout: {block_r=} must be a power of 2 and >= 16.")
+  del block_n  # any positive int: the token loop is sequential inside a program
+
+
+def check_mosaic_blocks(block_n: int, block_r: int, routes: int) -> None:
+  if block_r < routes and block_r % 128:
+    raise ValueError(
+        f"mosaic sink readout: {block_r=} must be a multiple of 128 or >= R={routes}.")
+  del block_n  # leading (untiled) dimension: any size

@@ -1,0 +1,192 @@
+"""The sink readout as Pallas kernels for TPU (Mosaic lowering).
+
+Layout, after the official TPU flash attention: the grid is (token blocks,
+route blocks) with the route axis "arbitrary" (sequential), the online-softmax
+state lives in VMEM scratch and is initialised at the first route block to
+(max = b0, sum = 1, acc = 0), the sink counted once. A token block is a static
+loop over `block_n` tokens, each doing 2-D matmuls on the MXU. Statistics are
+kept replicated over the 128 lanes ([Hq, 128]), as the official kernel does,
+so that no sublane-to-lane relayout is needed; lse leaves the kernel in that
+form and the wrapper keeps lane 0.
+
+A ragged last route block (R not a multiple of `block_r`) is read past the
+end of the array: those rows are zeroed and their scores masked. A ragged last
+token block needs nothing: tokens are independent, and Pallas drops the
+out-of-bounds rows of the output blocks.
+
+Backward: per (token block, route block) it recomputes p from lse, writes that
+block's dmem once, and accumulates dq in scratch over the route axis. As in
+the Triton kernel, delta = Σ_D out·dout is computed in the kernel from the
+`out` and `dout` tiles (resident across the route axis) instead of a separate
+preprocess pass.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels.sink_readout.common import MASK_VALUE
+
+LANES = 128
+_NT = (((1,), (1,)), ((), ()))  # a·bᵀ
+_TN = (((0,), (0,)), ((), ()))  # aᵀ·b
+
+
+def _dot(a, b, dims=(((1,), (0,)), ((), ()))):
+  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _route_masks(j, block_r, routes):
+  """(row, column) forms of `route index < R` for the route block j, or None."""
+  if routes % block_r == 0:
+    return None, None
+  first = j * block_r
+  rows_Rx1 = first + lax.broadcasted_iota(jnp.int32, (block_r, 1), 0) < routes
+  cols_1xR = first + lax.broadcasted_iota(jnp.int32, (1, block_r), 1) < routes
+  return rows_Rx1, cols_1xR
+
+
+def _load_mem(mem_ref, t, rows_Rx1):
+  mem_RxD = mem_ref[t]
+  if rows_Rx1 is not None:  # rows past R hold garbage (possibly NaN): zero them
+    mem_RxD = jnp.where(rows_Rx1, mem_RxD, jnp.zeros_like(mem_RxD))
+  return mem_RxD
+
+
+def _forward_kernel(sink_ref, q_ref, mem_ref, out_ref, lse_ref, m_scr, l_scr, acc_scr, *,
+                    scale, routes, block_n, block_r):
+  """sink_ref: [Hq, LANES], b0 repeated (an input, so b0 may be a traced value)."""
+  j = pl.program_id(1)
+
+  @pl.when(j == 0)
+  def _init():
+    for t in range(block_n):
+      m_scr[t] = sink_ref[...]
+    l_scr[...] = jnp.ones(l_scr.shape, jnp.float32)
+    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+  rows_Rx1, cols_1xR = _route_masks(j, block_r, routes)
+  for t in range(block_n):
+    mem_RxD = _load_mem(mem_ref, t, rows_Rx1)
+    s_HxR = _dot(q_ref[t], mem_RxD, _NT) * scale
+    if cols_1xR is not None:
+      s_HxR = jnp.where(cols_1xR, s_HxR, MASK_VALUE)
+    m_prev = m_scr[t]  # [Hq, LANES], every lane equal
+    m_next = jnp.maximum(m_prev, jnp.max(s_HxR, axis=1, keepdims=True))
+    correction = jnp.exp(m_prev - m_next)
+    p_HxR = jnp.exp(s_HxR - m_next[:, :1])
+    l_scr[t] = correction * l_scr[t] + jnp.sum(p_HxR, axis=1, keepdims=True)
+    m_scr[t] = m_next
+    acc_scr[t] = (acc_scr[t] * correction[:, :1]
+                  + _dot(p_HxR.astype(mem_RxD.dtype), mem_RxD))
+
+  @pl.when(j == pl.num_programs(1) - 1)
+  def _finish():
+    for t in range(block_n):
+      l_HxL = l_scr[t]  # >= 1: the largest term of the sum is exp(0)
+      out_ref[t] = (acc_scr[t] / l_HxL[:, :1]).astype(out_ref.dtype)
+      lse_ref[t] = m_scr[t] + jnp.log(l_HxL)
+
+
+def _backward_kernel(q_ref, mem_ref, out_ref, lse_ref, dout_ref, dlse_ref, dq_ref, dmem_ref,
+                     dq_scr, *, scale, routes, block_n, block_r):
+  j = pl.program_id(1)
+
+  @pl.when(j == 0)
+  def _init():
+    dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
+
+  rows_Rx1, cols_1xR = _route_masks(j, block_r, routes)
+  for t in range(block_n):
+    q_HxD, dout_HxD = q_ref[t], dout_ref[t]
+    delta_Hx1 = jnp.sum(out_ref[t].astype(jnp.float32) * dout_HxD.astype(jnp.float32),
+                        axis=1, keepdims=True)
+    shift_Hx1 = dlse_ref[t][:, :1] - delta_Hx1  # ds = p·(dp - delta + dlse)
+    mem_RxD = _load_mem(mem_ref, t, rows_Rx1)
+    s_HxR = _dot(q_HxD, mem_RxD, _NT) * scale
+    p_HxR = jnp.exp(s_HxR - lse_ref[t][:, :1])
+    if cols_1xR is not None:
+      p_HxR = jnp.where(cols_1xR, p_HxR, 0.0)
+    ds_HxR = p_HxR * (_dot(dout_HxD, mem_RxD, _NT) + shift_Hx1)
+    dmem_RxD = (_dot(p_HxR.astype(dout_HxD.dtype), dout_HxD, _TN)
+                + scale * _dot(ds_HxR.astype(q_HxD.dtype), q_HxD, _TN))
+    dmem_ref[t] = dmem_RxD.astype(dmem_ref.dtype)
+    dq_scr[t] += _dot(ds_HxR.astype(mem_RxD.dtype), mem_RxD)
+
+  @pl.when(j == pl.num_programs(1) - 1)
+  def _finish():
+    dq_ref[...] = (scale * dq_scr[...]).astype(dq_ref.dtype)
+
+
+def _specs(N, Hq, R, D, block_n, block_r):
+  block_r = min(block_r, R)
+  grid = (pl.cdiv(N, block_n), pl.cdiv(R, block_r))
+  heads = pl.BlockSpec((block_n, Hq, D), lambda i, j: (i, 0, 0))
+  routes = pl.BlockSpec((block_n, block_r, D), lambda i, j: (i, j, 0))
+  stats = pl.BlockSpec((block_n, Hq, LANES), lambda i, j: (i, 0, 0))
+  return grid, block_r, heads, routes, stats
+
+
+def _lanes(x_NxHq):
+  return jnp.broadcast_to(x_NxHq.astype(jnp.float32)[..., None], (*x_NxHq.shape, LANES))
+
+
+_PARAMS = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_n", "block_r", "interpret"))
+def forward(q_NxHqxD, mem_NxRxD, *, sink_logit, scale, block_n, block_r, interpret=False):
+  """(out_NxHqxD, lse_NxHq) by the Mosaic forward kernel. No input checks here.
+
+  sink_logit may be a Python float or a traced float32 scalar.
+  """
+  N, Hq, D = q_NxHqxD.shape
+  R = mem_NxRxD.shape[1]
+  grid, block_r, heads, routes, stats = _specs(N, Hq, R, D, block_n, block_r)
+  kernel = functools.partial(
+      _forward_kernel, scale=float(scale), routes=R, block_n=block_n, block_r=block_r)
+  sink_HqxL = jnp.full((Hq, LANES), sink_logit, jnp.float32)
+  out, lse_NxHqxL = pl.pallas_call(
+      kernel,
+      grid=grid,
+      in_specs=[pl.BlockSpec((Hq, LANES), lambda i, j: (0, 0)), heads, routes],
+      out_specs=[heads, stats],
+      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
+                 jax.ShapeDtypeStruct((N, Hq, LANES), jnp.float32)],
+      scratch_shapes=[pltpu.VMEM((block_n, Hq, LANES), jnp.float32),
+                      pltpu.VMEM((block_n, Hq, LANES), jnp.float32),
+                      pltpu.VMEM((block_n, Hq, D), jnp.float32)],
+      compiler_params=_PARAMS,
+      interpret=interpret,
+      name="sink_readout_fwd",
+  )(sink_HqxL, q_NxHqxD, mem_NxRxD)
+  return out, lse_NxHqxL[..., 0]
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_n", "block_r", "interpret"))
+def backward(q_NxHqxD, mem_NxRxD, out_NxHqxD, lse_NxHq, dout_NxHqxD, dlse_NxHq, *,
+             scale, block_n, block_r, interpret=False):
+  """(dq_NxHqxD, dmem_NxRxD) by the Mosaic backward kernel."""
+  N, Hq, D = q_NxHqxD.shape
+  R = mem_NxRxD.shape[1]
+  grid, block_r, heads, routes, stats = _specs(N, Hq, R, D, block_n, block_r)
+  kernel = functools.partial(
+      _backward_kernel, scale=float(scale), routes=R, block_n=block_n, block_r=block_r)
+  return pl.pallas_call(
+      kernel,
+      grid=grid,
+      in_specs=[heads, routes, heads, stats, heads, stats],
+      out_specs=[heads, routes],
+      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
+                 jax.ShapeDtypeStruct(mem_NxRxD.shape, mem_NxRxD.dtype)],
+      scratch_shapes=[pltpu.VMEM((block_n, Hq, D), jnp.float32)],
+      compiler_params=_PARAMS,
+      interpret=interpret,
+      name="sink_readout_bwd",
+  )(q_NxHqxD, mem_NxRxD, out_NxHqxD, _lanes(lse_NxHq), dout_NxHqxD, _lanes(dlse_NxHq))

@@ -1,0 +1,271 @@
+"""The sink-readout kernels against their XLA reference.
+
+Every kernel case runs in interpret mode on CPU (values and gradients of q and
+mem, with cotangents on both outputs); shapes are tiny and ragged (N and R not
+multiples of the blocks). Lowering for CUDA (Triton) and TPU (Mosaic) is
+checked on CPU at realistic shapes, so a kernel that interpret mode accepts
+but a real backend would reject fails here. sink_logit and scale are
+differentiated as well: it may be traced, and here it always is. scale is a
+compile-time constant.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+from kernels.sink_readout import (
+  BlockSizes,
+  mosaic_tpu,
+  sink_readout,
+  sink_readout_reference,
+  triton_gpu,
+)
+from lngram_jax.readout import mqa_sink_attention
+
+H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
+    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
+
+# Tiny, ragged cases per implementation: (N, Hq, R, D) and the block sizes that
+# leave a partial last token block and a partial last route block.
+CASES = {
+    "triton": ((5, 3, 37, 24), BlockSizes(block_n=2, block_r=16, block_n_bwd=3, block_r_bwd=16)),
+    "mosaic_tpu": ((5, 3, 150, 16), BlockSizes(block_n=2, block_r=128)),
+}
+TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+
+
+def _inputs(N, Hq, R, D, dtype, seed=0):
+  kq, km, ko, kl = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (N, Hq, D), jnp.float32).astype(dtype)
+  mem = jax.random.normal(km, (N, R, D), jnp.float32).astype(dtype)
+  dout = jax.random.normal(ko, (N, Hq, D), jnp.float32).astype(dtype)
+  dlse = jax.random.normal(kl, (N, Hq), jnp.float32)
+  return q, mem, dout, dlse
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _values_and_grads(readout, q, mem, sink_logit, dout, dlse):
+  """out, lse and the cotangents of q, mem and b0 for (dout, dlse)."""
+  (out, lse), vjp = jax.vjp(lambda q, m, b0: readout(q, m, sink_logit=b0), q, mem, sink_logit)
+  return (out, lse, *vjp((dout, dlse)))
+
+
+def _rel_err(got, want):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def _compare(readout, args, sink_logit, scale, tol):
+  q, mem, dout, dlse = args
+  args = (q, mem, jnp.float32(sink_logit), dout, dlse)
+  reference = functools.partial(sink_readout_reference, scale=scale)
+  got = _values_and_grads(readout, *args)
+  want = _values_and_grads(reference, *args)
+  for name, g, w in zip(("out", "lse", "dq", "dmem", "d_sink"), got, want, strict=True):
+    assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
+    assert np.all(np.isfinite(np.asarray(g, np.float32))), name
+    if name == "d_sink":  # a sum over N·Hq terms that largely cancel: absolute scale
+      assert abs(float(g) - float(w)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (g, w)
+    else:
+      assert _rel_err(g, w) < tol, (name, _rel_err(g, w))
+
+
+# --- the reference itself ------------------------------------------------------
+
+
+def test_reference_hand_computed_single_route():
+  """One token, one head, one route: α = e^s/(e^b0 + e^s), out = α·mem."""
+  q = jnp.array([[[1.0, 2.0]]])
+  mem = jnp.array([[[0.5, -1.0]]])
+  b0, scale = 0.7, 0.5
+  out, lse = jax.jit(sink_readout_reference, static_argnames="scale")(
+      q, mem, sink_logit=b0, scale=scale)
+  s = scale * (1.0 * 0.5 + 2.0 * -1.0)
+  alpha = math.exp(s) / (math.exp(b0) + math.exp(s))
+  np.testing.assert_allclose(out[0, 0], alpha * np.array([0.5, -1.0]), rtol=1e-6)
+  np.testing.assert_allclose(lse[0, 0], math.log(math.exp(b0) + math.exp(s)), rtol=1e-6)
+
+
+def test_reference_matches_layer_core():
+  q, mem, _, _ = _inputs(2, 4, 6, 8, jnp.float32)
+  both = jax.jit(lambda q, m: (sink_readout_reference(q, m, sink_logit=1.1, scale=0.3),
+                               mqa_sink_attention(q[None], m[None], sink_logit=1.1, scale=0.3)))
+  (out, lse), (core_out, core_lse) = both(q, mem)
+  np.testing.assert_allclose(out, core_out[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(lse, core_lse[0], rtol=1e-5, atol=1e-6)
+
+
+# --- kernels in interpret mode ------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("implementation", ["triton", "mosaic_tpu"])
+def test_kernel_matches_reference_ragged(implementation, dtype):
+  (N, Hq, R, D), blocks = CASES[implementation]
+  assert N % blocks.block_n and R % blocks.block_r  # both last blocks are partial
+  args = _inputs(N, Hq, R, D, dtype)
+  readout = functools.partial(sink_readout, scale=1 / math.sqrt(D),
+                              implementation=implementation, block_sizes=blocks,
+                              interpret=True)
+  _compare(readout, args, 0.8, 1 / math.sqrt(D), TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("implementation", ["triton", "mosaic_tpu"])
+def test_kernel_sink_only_extreme(implementation):
+  """Every score far below b0: all mass on the sink, out = 0, lse = b0 exactly."""
+  (N, Hq, R, D), blocks = CASES[implementation]
+  q, mem, dout, dlse = _inputs(N, Hq, R, D, jnp.float32, seed=1)
+  mem = jnp.abs(mem) + 0.5
+  q = -10.0 * (jnp.abs(q) + 0.5)  # every score <= -25·D·scale
+  b0 = 2.0
+  readout = functools.partial(sink_readout, scale=1.0, implementation=implementation,
+                              block_sizes=blocks, interpret=True)
+  out, lse, dq, dmem, d_sink = _values_and_grads(readout, q, mem, jnp.float32(b0), dout, dlse)
+  np.testing.assert_array_equal(out, 0.0)
+  np.testing.assert_array_equal(lse, b0)
+  np.testing.assert_array_equal(dq, 0.0)
+  np.testing.assert_array_equal(dmem, 0.0)
+  np.testing.assert_allclose(d_sink, jnp.sum(dlse), rtol=1e-6)  # σ0 = 1, out = 0
+  _compare(readout, (q, mem, dout, dlse), b0, 1.0, 1e-6)
+
+
+@pytest.mark.parametrize("implementation, backward", [("mosaic_tpu", "pallas"),
+                                                     ("triton", "xla")])
+def test_kernel_even_blocks(implementation, backward):
+  """Blocks that divide N and R (for Mosaic one route block: the unmasked code
+  path), and the XLA-VJP fallback of the backward."""
+  N, Hq, R, D = 4, 2, 32, 16
+  args = _inputs(N, Hq, R, D, jnp.float32, seed=2)
+  block_r = R if implementation == "mosaic_tpu" else 16
+  readout = functools.partial(sink_readout, scale=0.25, implementation=implementation,
+                              interpret=True, backward=backward,
+                              block_sizes=BlockSizes(block_n=2, block_r=block_r))
+  _compare(readout, args, 0.3, 0.25, 2e-5)
+
+
+def test_xla_implementation_is_the_reference():
+  args = _inputs(3, 2, 5, 8, jnp.float32)
+  readout = functools.partial(sink_readout, scale=0.5, implementation="xla")
+  _compare(readout, args, 0.5, 0.5, 1e-7)
+
+
+# --- dispatch and input checks -------------------------------------------------
+
+
+def test_default_implementation_by_platform():
+  from kernels.sink_readout import default_implementation
+  assert default_implementation("gpu") == "triton"
+  assert default_implementation("tpu") == "mosaic_tpu"
+  assert default_implementation("cpu") == "triton"  # run in interpret mode
+
+
+@pytest.mark.parametrize("kwargs, q_shape, mem_shape, dtype, error", [
+    ({}, (2, 3), (2, 4, 8), jnp.float32, "q must be"),
+    ({}, (2, 3, 8), (3, 4, 8), jnp.float32, "must agree"),
+    ({}, (2, 3, 8), (2, 4, 8), jnp.int32, "dtype"),
+    ({"implementation": "cuda"}, (2, 3, 8), (2, 4, 8), jnp.float32, "implementation"),
+    ({"backward": "torch"}, (2, 3, 8), (2, 4, 8), jnp.float32, "backward"),
+    ({"implementation": "triton", "block_sizes": BlockSizes(block_r=24)},
+     (2, 3, 8), (2, 4, 8), jnp.float32, "power of 2"),
+    ({"implementation": "mosaic_tpu", "block_sizes": BlockSizes(block_r=64)},
+     (2, 3, 8), (2, 200, 8), jnp.float32, "multiple of 128"),
+])
+def test_input_checks(kwargs, q_shape, mem_shape, dtype, error):
+  q = jnp.zeros(q_shape, dtype)
+  mem = jnp.zeros(mem_shape, dtype)
+  with pytest.raises((ValueError, TypeError), match=error):
+    sink_readout(q, mem, sink_logit=0.0, **kwargs)
+
+
+def test_block_sizes_validated():
+  with pytest.raises(ValueError, match="block_r=0"):
+    BlockSizes(block_r=0)
+
+
+# --- lowering for the real backends, checked on CPU ----------------------------
+
+
+def _loss(implementation, block_sizes, q, mem, sink_logit):
+  out, lse = sink_readout(q, mem, sink_logit=sink_logit, scale=0.0625,
+                          implementation=implementation, block_sizes=block_sizes,
+                          interpret=False)
+  return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse)
+
+
+def _lower(fn, avals, platform):
+  traced = jax.jit(fn).trace(*avals)
+  if platform == "cuda":
+    with use_abstract_mesh(H100):
+      return traced.lower(lowering_platforms=("cuda",)).as_text()
+  return traced.lower(lowering_platforms=("tpu",)).as_text()
+
+
+_KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
+_LOWERING_CASES = {
+    # default blocks: block_r 64 forward / 32 backward, 4 warps
+    "triton_r121_d256": ("triton", "cuda", (100, 16, 121, 256), None),
+    # heads and features padded to powers of 2, D > 256 defaults (8 warps)
+    "triton_r300_d384_h12": ("triton", "cuda", (64, 12, 300, 384), None),
+    # one route block (block_r >= R)
+    "mosaic_r121_d256": ("mosaic_tpu", "tpu", (100, 16, 121, 256), None),
+    # ragged route blocks and a ragged token block
+    "mosaic_r300_d384_h12": ("mosaic_tpu", "tpu", (60, 12, 300, 384),
+                             BlockSizes(block_n=8, block_r=128)),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("case", sorted(_LOWERING_CASES))
+def test_forward_and_backward_lower(case, dtype):
+  implementation, platform, (N, Hq, R, D), blocks = _LOWERING_CASES[case]
+  avals = (jax.ShapeDtypeStruct((N, Hq, D), dtype), jax.ShapeDtypeStruct((N, R, D), dtype),
+           jax.ShapeDtypeStruct((), jnp.float32))
+  loss = functools.partial(_loss, implementation, blocks)
+  forward_text = _lower(loss, avals, platform)
+  backward_text = _lower(jax.grad(loss, argnums=(0, 1, 2)), avals, platform)
+  assert forward_text.count(_KERNEL_CALL[platform]) == 1
+  assert backward_text.count(_KERNEL_CALL[platform]) == 2  # forward + backward kernels
+
+
+def test_lowering_rejects_what_interpret_accepts():
+  """A non-power-of-2 Triton tile and a misaligned Mosaic block run in interpret
+  mode but do not lower: the lowering checks above are not vacuous."""
+  q, mem, _, _ = _inputs(2, 16, 48, 128, jnp.float32)
+  triton_fwd = functools.partial(triton_gpu.forward, sink_logit=0.0, scale=0.1,
+                                 block_n=1, block_r=48)
+  mosaic_fwd = functools.partial(mosaic_tpu.forward, sink_logit=0.0, scale=0.1,
+                                 block_n=1, block_r=20)
+  want = sink_readout_reference(q, mem, sink_logit=0.0, scale=0.1)
+  for fwd in (triton_fwd, mosaic_fwd):
+    got = fwd(q, mem, interpret=True)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="power of 2"):
+    _lower(triton_fwd, (q, mem), "cuda")
+  with pytest.raises(ValueError, match="divisible by 8 and 128"):
+    _lower(mosaic_fwd, (q, mem), "tpu")
+
+
+# --- on real hardware ------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_triton_on_gpu(dtype):
+  args = _inputs(300, 16, 121, 256, dtype)
+  readout = functools.partial(sink_readout, scale=1 / 16, implementation="triton")
+  # f32 dots on the GPU may run as TF32 inside XLA's reference.
+  _compare(readout, args, 1.0, 1 / 16, 3e-2 if dtype == jnp.bfloat16 else 5e-3)
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_mosaic_on_tpu(dtype):
+  args = _inputs(300, 16, 300, 256, dtype)
+  readout = functools.partial(sink_readout, scale=1 / 16, implementation="mosaic_tpu",
+                              block_sizes=BlockSizes(block_n=8, block_r=128))
+  _compare(readout, args, 1.0, 1 / 16, 3e-2 if dtype == jnp.bfloat16 else 5e-3)
