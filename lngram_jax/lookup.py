@@ -180,7 +180,8 @@ def _exact_grad(table_VxDm, base_BxTxR, stride, z_BxTxRxM, g_BxTxRxDm, tau):
     ps_BxTxR = prob_BxTxR * score_BxTxR
     return (weighted_BxTxRxM + ps_BxTxR[..., None] * beta_M, total_BxTxR + ps_BxTxR), None
 
-  init = (jnp.zeros_like(z_BxTxRxM), jnp.zeros(z_BxTxRxM.shape[:-1], z_BxTxRxM.dtype))
+  # zeros_like keeps the inputs' shard_map varying-axes type, so scan carries match.
+  init = (jnp.zeros_like(z_BxTxRxM), jnp.zeros_like(z_BxTxRxM[..., 0]))
   (weighted, total), _ = jax.lax.scan(body, init, jnp.arange(K, dtype=jnp.int32))
   # Σ_c P_c(β_c - p)s_c = Σ_c P_c β_c s_c - p Σ_c P_c s_c
   return tau * (weighted - p_BxTxRxM * total[..., None])

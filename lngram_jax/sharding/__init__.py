@@ -1,0 +1,52 @@
+"""Lngram v2 on a device mesh with `jax.shard_map` (DESIGN §2 "Sharding").
+
+  mesh.py        ShardingConfig, make_mesh, partition specs, layout checks
+  lookup.py      sharded_ngram_lookup: own rows gathered, psum over `table`
+  readout.py     route-parallel readout: partial softmax states, lse merge
+  context.py     context parallelism: ppermute halos over `seq`
+  layer.py       ShardedLngramV2, create_sharded (parameters born sharded)
+  checkpoint.py  orbax save of sharded state, restore onto another mesh
+  multihost.py   jax.distributed start-up and a multi-process check
+  bench.py       bytes per token of the collectives, step-time ratios
+
+Every sharded function has an unsharded twin it is tested against.
+"""
+
+from lngram_jax.sharding.layer import (
+    ShardedLngramV2,
+    create_sharded,
+    shard_layer,
+    sharded_layer_apply,
+)
+from lngram_jax.sharding.lookup import ngram_lookup_shard, sharded_ngram_lookup
+from lngram_jax.sharding.mesh import (
+    ShardingConfig,
+    check_layout,
+    layer_param_shardings,
+    layer_param_specs,
+    make_mesh,
+)
+from lngram_jax.sharding.readout import (
+    merge_partial_attention,
+    partial_sink_attention,
+    route_parallel_readout,
+    sharded_readout,
+)
+
+__all__ = [
+    "ShardedLngramV2",
+    "ShardingConfig",
+    "check_layout",
+    "create_sharded",
+    "layer_param_shardings",
+    "layer_param_specs",
+    "make_mesh",
+    "merge_partial_attention",
+    "ngram_lookup_shard",
+    "partial_sink_attention",
+    "route_parallel_readout",
+    "shard_layer",
+    "sharded_layer_apply",
+    "sharded_ngram_lookup",
+    "sharded_readout",
+]

@@ -1,0 +1,171 @@
+"""Meshes, the sharding config, and partition specs of a sharded Lngram layer.
+
+Three mesh axes, each optional (a name missing from the mesh means size 1):
+
+  data   the batch;
+  seq    time, for context parallelism (halos exchanged with `ppermute`);
+  table  table rows. Rows of route r are the contiguous range
+         [r·K^n, (r+1)·K^n), so an even split of rows over the axis is an even
+         split of routes: shard s owns routes [s·R/S, (s+1)·R/S) of every
+         order's table, and with them every counterfactual row the surrogate
+         gradient of those routes reads.
+
+Two forms of the layer (DESIGN §2 "Sharding"):
+
+  generic         each shard gathers the rows of the routes it owns, the rest
+                  are zero, and a `psum` over `table` rebuilds the route tokens
+                  [B, T, R, D]; the readout then runs replicated.
+  route_parallel  each shard routes, looks up and reads out its own routes
+                  only, and returns the partial online-softmax state; shards
+                  merge it with a log-sum-exp reduction (traffic Hq·D per token
+                  instead of R·D). The router columns are sharded with the
+                  routes (column r·M + j belongs to route r).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lngram_jax.config import LngramConfig
+
+MODES = ("generic", "route_parallel")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingConfig:
+  """How a layer is laid out over a mesh.
+
+  Attributes:
+    mode: "generic" (psum of gathered rows) or "route_parallel".
+    data_axis, seq_axis, table_axis: mesh axis names of the batch, time and
+      table-row (= route) dimensions; a name the mesh lacks means unsharded.
+  """
+
+  mode: str = "route_parallel"
+  data_axis: str = "data"
+  seq_axis: str = "seq"
+  table_axis: str = "table"
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"ShardingConfig: mode={self.mode!r} is not one of {MODES}.")
+    names = (self.data_axis, self.seq_axis, self.table_axis)
+    if len(set(names)) != 3:
+      raise ValueError(
+          f"ShardingConfig: data_axis, seq_axis, table_axis = {names} must differ.")
+
+
+def make_mesh(*, data: int = 1, seq: int = 1, table: int | None = None,
+              devices: Sequence[jax.Device] | None = None,
+              sharding: ShardingConfig | None = None) -> Mesh:
+  """A (data, seq, table) mesh over `devices` (default: all, every process).
+
+  `table=None` takes every device that data·seq leaves.
+  """
+  s = sharding or ShardingConfig()
+  devices = list(jax.devices() if devices is None else devices)
+  if data < 1 or seq < 1:
+    raise ValueError(f"make_mesh: data={data} and seq={seq} must be >= 1.")
+  if table is None:
+    if len(devices) % (data * seq):
+      raise ValueError(
+          f"make_mesh: {len(devices)} devices do not split into data={data} x seq={seq}.")
+    table = len(devices) // (data * seq)
+  if data * seq * table != len(devices):
+    raise ValueError(
+        f"make_mesh: data*seq*table = {data}*{seq}*{table} = {data * seq * table} "
+        f"!= {len(devices)} devices.")
+  grid = np.asarray(devices, dtype=object).reshape(data, seq, table)
+  return Mesh(grid, (s.data_axis, s.seq_axis, s.table_axis))
+
+
+def axis_size(mesh: Mesh, name: str) -> int:
+  """Size of a mesh axis; 1 for a name the mesh does not have."""
+  return int(mesh.shape[name]) if name in mesh.axis_names else 1
+
+
+def _axis(mesh: Mesh, name: str) -> str | None:
+  return name if name in mesh.axis_names else None
+
+
+def token_spec(mesh: Mesh, sharding: ShardingConfig, *trailing) -> P:
+  """[B, T, ...] activations: batch over data, time over seq."""
+  return P(_axis(mesh, sharding.data_axis), _axis(mesh, sharding.seq_axis), *trailing)
+
+
+def route_spec(mesh: Mesh, sharding: ShardingConfig, *trailing) -> P:
+  """[B, T, R, ...] per-route activations with routes over table."""
+  return token_spec(mesh, sharding, _axis(mesh, sharding.table_axis), *trailing)
+
+
+def table_spec(mesh: Mesh, sharding: ShardingConfig) -> P:
+  """[R·K^n, d_m] tables: rows over table."""
+  return P(_axis(mesh, sharding.table_axis), None)
+
+
+def router_spec(mesh: Mesh, sharding: ShardingConfig) -> P:
+  """[d, R·M] router: columns (routes) over table in the route-parallel form."""
+  if sharding.mode == "route_parallel":
+    return P(None, _axis(mesh, sharding.table_axis))
+  return P()
+
+
+def layer_param_specs(params: dict, mesh: Mesh, sharding: ShardingConfig) -> dict:
+  """PartitionSpecs for a pure-dict state of `LngramV2` (same tree structure).
+
+  Tables and (route-parallel) the router are sharded; the dense projections,
+  norms and conv are small and replicated.
+  """
+
+  def spec(path, leaf):
+    del leaf
+    name = path[0].key
+    if name == "tables":
+      return table_spec(mesh, sharding)
+    if name == "router_w":
+      return router_spec(mesh, sharding)
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def layer_param_shardings(params: dict, mesh: Mesh, sharding: ShardingConfig) -> dict:
+  """`layer_param_specs` as NamedShardings on `mesh`."""
+  return jax.tree.map(lambda p: NamedSharding(mesh, p),
+                      layer_param_specs(params, mesh, sharding),
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def check_layout(config: LngramConfig, mesh: Mesh, sharding: ShardingConfig,
+                 batch_time: tuple[int, int] | None = None) -> None:
+  """Fail early, naming the numbers, when the layer cannot be laid out on `mesh`."""
+  tables = axis_size(mesh, sharding.table_axis)
+  if config.routes % tables:
+    raise ValueError(
+        f"routes={config.routes} must be a multiple of the '{sharding.table_axis}' "
+        f"axis size {tables}: each table shard owns whole routes (their rows "
+        "and all counterfactual rows of the surrogate).")
+  if batch_time is None:
+    return
+  B, T = batch_time
+  data = axis_size(mesh, sharding.data_axis)
+  seq = axis_size(mesh, sharding.seq_axis)
+  if B % data:
+    raise ValueError(f"batch B={B} must be a multiple of the '{sharding.data_axis}' "
+                     f"axis size {data}.")
+  if T % seq:
+    raise ValueError(f"time T={T} must be a multiple of the '{sharding.seq_axis}' "
+                     f"axis size {seq}.")
+  halo = max(config.max_order - 1, config.conv_context)
+  if seq > 1 and T // seq < halo:
+    raise ValueError(
+        f"context parallelism: each '{sharding.seq_axis}' shard holds T/seq = "
+        f"{T}/{seq} = {T // seq} steps but the halo from one left neighbour is "
+        f"{halo} steps (max order - 1 = {config.max_order - 1}, conv context "
+        f"(k-1)*dilation = {config.conv_context}); use fewer seq shards or longer T.")

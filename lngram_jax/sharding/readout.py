@@ -1,0 +1,106 @@
+"""Route-parallel readout: partial online-softmax states merged across shards.
+
+The absorbed readout is a multi-query attention of Hq queries q̃ of width D
+over R keys = values = x̂_r, plus a sink of fixed logit b0 and zero value. Split
+the routes over the `table` axis; shard s sees routes R_s and computes, per
+token and query head,
+
+    m_s = max_{r∈R_s} s_r,   l_s = Σ_{r∈R_s} e^{s_r - m_s},   u_s = Σ_{r∈R_s} e^{s_r - m_s} x̂_r
+
+(float32 statistics). The log-sum-exp merge over shards is
+
+    m = max(b0, max_s m_s),  l = e^{b0 - m} + Σ_s l_s e^{m_s - m},  u = Σ_s u_s e^{m_s - m} / l,
+
+with the sink added once, after the reduction. Only (m, l, u), Hq·(D + 2)
+values per token, cross the network instead of the R·D route tokens. The
+maxima are stabilisers: the result does not depend on them, so they carry no
+gradient (`stop_gradient`), and the backward is the exact gradient.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from lngram_jax.readout import absorb_query, project_values
+from lngram_jax.sharding.mesh import ShardingConfig, route_spec, token_spec
+
+
+def _stat_dtype(dtype):
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def partial_sink_attention(q_BxTxHqxD, mem_BxTxRxD, *, scale):
+  """The online-softmax state of one shard's routes, without the sink.
+
+  Returns m_BxTxHq (no gradient), l_BxTxHq and u_BxTxHqxD, all float32 or wider.
+  """
+  acc = _stat_dtype(q_BxTxHqxD.dtype)
+  s_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", q_BxTxHqxD, mem_BxTxRxD,
+                          preferred_element_type=acc) * scale
+  m_BxTxHq = jax.lax.stop_gradient(jnp.max(s_BxTxHqxR, axis=-1))
+  e_BxTxHqxR = jnp.exp(s_BxTxHqxR - m_BxTxHq[..., None])
+  l_BxTxHq = jnp.sum(e_BxTxHqxR, axis=-1)
+  u_BxTxHqxD = jnp.einsum("bthr,btrd->bthd", e_BxTxHqxR.astype(mem_BxTxRxD.dtype),
+                          mem_BxTxRxD, preferred_element_type=acc)
+  return m_BxTxHq, l_BxTxHq, u_BxTxHqxD
+
+
+def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxD, *, sink_logit,
+                            axis_name: str | None):
+  """Log-sum-exp merge of the shards' states over `axis_name`; the sink once.
+
+  Returns the normalised u_BxTxHqxD and lse_BxTxHq over {sink, all routes}.
+  With `axis_name` None the state is merged with the sink only (one shard).
+  """
+  m_all = m_BxTxHq if axis_name is None else jax.lax.pmax(m_BxTxHq, axis_name)
+  m_all = jnp.maximum(m_all, sink_logit)
+  rescale_BxTxHq = jnp.exp(m_BxTxHq - m_all)
+  l_scaled = l_BxTxHq * rescale_BxTxHq
+  u_scaled = u_BxTxHqxD * rescale_BxTxHq[..., None]
+  if axis_name is not None:
+    l_scaled = jax.lax.psum(l_scaled, axis_name)
+    u_scaled = jax.lax.psum(u_scaled, axis_name)
+  total_BxTxHq = l_scaled + jnp.exp(sink_logit - m_all)
+  return u_scaled / total_BxTxHq[..., None], m_all + jnp.log(total_BxTxHq)
+
+
+def route_parallel_readout(q_BxTxHqxDh, mem_local_BxTxRsxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+                           sink_logit, axis_name: str | None):
+  """Inside `shard_map`: the absorbed readout over this shard's routes R_s, merged.
+
+  `mem_local_BxTxRsxD` is x̂ = RMSNorm_m(x) of the local routes; q, W_K, W_V are
+  the full (replicated) ones. Returns o_BxTxHqxDh and lse_BxTxHq, identical on
+  every shard of `axis_name` and equal to `absorbed_readout` over all routes.
+  """
+  Dh = q_BxTxHqxDh.shape[-1]
+  q_abs_BxTxHqxD = absorb_query(q_BxTxHqxDh, w_k_DxHkvxDh).astype(mem_local_BxTxRsxD.dtype)
+  state = partial_sink_attention(q_abs_BxTxHqxD, mem_local_BxTxRsxD,
+                                 scale=1.0 / math.sqrt(Dh))
+  u_BxTxHqxD, lse_BxTxHq = merge_partial_attention(*state, sink_logit=sink_logit,
+                                                   axis_name=axis_name)
+  u_BxTxHqxD = u_BxTxHqxD.astype(q_abs_BxTxHqxD.dtype)
+  o_BxTxHqxDh = project_values(u_BxTxHqxD, w_v_DxHkvxDh).astype(q_BxTxHqxDh.dtype)
+  return o_BxTxHqxDh, lse_BxTxHq
+
+
+def sharded_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *, sink_logit,
+                    mesh, sharding: ShardingConfig | None = None):
+  """The route-parallel twin of `absorbed_readout(..., return_lse=True)`.
+
+  mem (= x̂) is split by routes over `table`, tokens over `data` and `seq`;
+  q and the projections are replicated over `table`. Returns (o, lse).
+  """
+  s = sharding or ShardingConfig()
+  body = functools.partial(
+      route_parallel_readout, sink_logit=sink_logit,
+      axis_name=s.table_axis if s.table_axis in mesh.axis_names else None)
+  fn = jax.shard_map(
+      body, mesh=mesh,
+      in_specs=(token_spec(mesh, s, None, None), route_spec(mesh, s, None),
+                jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec()),
+      out_specs=(token_spec(mesh, s, None, None), token_spec(mesh, s, None)))
+  return fn(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
