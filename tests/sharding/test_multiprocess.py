@@ -1,0 +1,68 @@
+"""Two processes on localhost with jax.distributed (gloo CPU collectives), 4 host
+devices each, one 8-device mesh: a sharded forward + backward equals the
+unsharded layer computed in this process."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from sharding_cases import assert_close
+
+from lngram_jax.sharding.multihost import reference_step
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _child_env() -> dict[str, str]:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  # Share this run's persistent compilation cache (JAX lets one process write it).
+  cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
+  if cache_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  return env
+
+
+def test_two_processes_equal_one(tmp_path):
+  out = tmp_path / "sharded.npz"
+  address = f"127.0.0.1:{_free_port()}"
+  procs = []
+  for process_id in range(2):
+    cmd = [sys.executable, "-m", "lngram_jax.sharding.multihost", "--coordinator", address,
+           "--num-processes", "2", "--process-id", str(process_id), "--mode", "route_parallel",
+           "--data", "1", "--seq", "2", "--timeout", "120", "--out", str(out)]
+    log = open(tmp_path / f"process{process_id}.log", "w")  # closed in `finally`
+    procs.append((subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=log,
+                                   stderr=subprocess.STDOUT), log))
+  try:
+    for proc, _ in procs:
+      proc.wait(timeout=TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    pass
+  finally:
+    for proc, log in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+      log.close()
+  logs = "\n".join((tmp_path / f"process{i}.log").read_text()[-3000:] for i in range(2))
+  assert [proc.returncode for proc, _ in procs] == [0, 0], logs
+  assert "4 local of 8 devices, mesh {'data': 1, 'seq': 2, 'table': 4}" in logs
+
+  got = dict(np.load(out))
+  want = reference_step()
+  assert_close(got, want)
