@@ -48,14 +48,14 @@ def toy_ffn(x_BxTxD):
 
 def test_gate_zero_gives_exactly_the_base_layer():
   pvm = make_pvm()
-  x, v = randn(0, (2, 7, D)), randn(1, (2, NV, D))
+  x, v = randn(0, (2, 6, D)), randn(1, (2, NV, D))
   y = run(pvm, x, visual=v)
   np.testing.assert_array_equal(np.asarray(y), 0.0)
   base = x + toy_ffn(x)
   with_pvm = x + toy_ffn(x) + y
   np.testing.assert_array_equal(np.asarray(with_pvm), np.asarray(base))
   # W_up is not zero (our init), so the zero comes from λ alone.
-  assert float(jnp.abs(pvm.w_up[...]).min()) >= 0 and float(jnp.abs(pvm.w_up[...]).max()) > 0
+  assert float(jnp.abs(pvm.w_up[...]).max()) > 0
 
 
 def test_image_tokens_get_exactly_zero():
@@ -80,23 +80,27 @@ def joint_visual_mass(q_Dh, k_vis_NvxDh, k_txt_TxDh):
 def test_output_does_not_depend_on_preceding_text():
   """Theorem 4.1: for a fixed hidden state x, more text before it changes nothing."""
   pvm = make_pvm(gate=0.7)
-  v = randn(1, (1, NV, D))
-  x_star = randn(2, (1, 1, D))
-  outs, probs = [], []
-  for n_before in (0, 3, 40):
-    x = jnp.concatenate([randn(10 + n_before, (1, n_before, D)), x_star], axis=1)
-    y, p = run_probs(pvm, x, visual=v)
-    outs.append(np.asarray(y[0, -1]))
-    probs.append(np.asarray(p[0, -1]))
-  for y, p in zip(outs[1:], probs[1:], strict=True):
-    np.testing.assert_allclose(y, outs[0], rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(p, probs[0], rtol=1e-6, atol=1e-7)
+  v = jnp.broadcast_to(randn(1, (1, NV, D)), (3, NV, D))
+  x_star = randn(2, (D,))
+  # One batch, three rows: x_star at position 0, 3 and 40, after 0, 3 and 40
+  # different text states (and followed by others).
+  positions = (0, 3, 40)
+  x = randn(3, (3, 41, D))
+  x = x.at[jnp.arange(3), jnp.array(positions)].set(x_star)
+  y, p = run_probs(pvm, x, visual=v)
+  outs = [np.asarray(y[b, t]) for b, t in enumerate(positions)]
+  probs = [np.asarray(p[b, t]) for b, t in enumerate(positions)]
+  for out, prob in zip(outs[1:], probs[1:], strict=True):
+    np.testing.assert_allclose(out, outs[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(prob, probs[0], rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(probs[0].sum(-1), 1.0, rtol=1e-6)
   assert np.abs(outs[0]).max() > 0.1
+  # Other hidden states do get other outputs (the comparison can fail).
+  assert not np.allclose(np.asarray(y[0, 1]), outs[0], atol=1e-3)
   # The same query in a joint softmax over visual + text keys loses visual
   # mass as text accumulates: the contrast the theorem draws.
   q, k_vis = randn(3, (8,)), randn(4, (NV, 8))
-  masses = [joint_visual_mass(q, k_vis, randn(5, (n, 8))) for n in (0, 3, 40)]
+  masses = [joint_visual_mass(q, k_vis, randn(5, (n, 8))) for n in positions]
   assert masses[0] == pytest.approx(1.0) and masses[0] > masses[1] > masses[2]
 
 
@@ -111,7 +115,9 @@ def test_cached_equals_uncached_and_decode_equals_parallel():
   assert isinstance(cache, VisualCache)
   chex.assert_shape(cache.k, (B, NV, CONFIG.kv_heads, CONFIG.head_dim))
   cached = run(pvm, x, cache=cache, text_mask=text_mask)
-  np.testing.assert_array_equal(np.asarray(cached), np.asarray(parallel))
+  # Equal up to float rounding: the cache is built outside this jit, so XLA
+  # may fuse the projections differently (1-ulp differences on jax 0.11).
+  np.testing.assert_allclose(np.asarray(cached), np.asarray(parallel), rtol=1e-6, atol=1e-7)
   # Decode: one position per call against the same cache (the cache is a
   # pytree, so it passes through jit as an argument).
   decoded = jnp.concatenate(
@@ -122,7 +128,7 @@ def test_cached_equals_uncached_and_decode_equals_parallel():
 
 def test_visual_padding_has_no_effect():
   pvm = make_pvm(gate=1.0)
-  x, v = randn(0, (2, 4, D)), randn(1, (2, NV, D))
+  x, v = randn(0, (2, 6, D)), randn(1, (2, NV, D))
   valid = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 0, 0]], bool)
   y = run(pvm, x, visual=v, visual_valid=valid)
   junk = v.at[:, 3:].set(jnp.array([1e4, -jnp.inf, jnp.nan, 3.0])[jnp.arange(D) % 4])
@@ -136,7 +142,7 @@ def test_visual_padding_has_no_effect():
 
 def test_image_with_no_valid_token_gives_zero_and_finite_grads():
   pvm = make_pvm(gate=1.0)
-  x, v = randn(0, (2, 3, D)), randn(1, (2, NV, D))
+  x, v = randn(0, (2, 6, D)), randn(1, (2, NV, D))
   valid = jnp.array([[1, 1, 0, 0, 0], [0, 0, 0, 0, 0]], bool)
   y = run(pvm, x, visual=v, visual_valid=valid)
   np.testing.assert_array_equal(np.asarray(y[1]), 0.0)
@@ -153,7 +159,7 @@ def test_image_with_no_valid_token_gives_zero_and_finite_grads():
 def test_bfloat16_activations_track_float32():
   pvm = make_pvm(gate=1.0)
   pvm_bf16 = make_pvm(CONFIG.replace(dtype=jnp.bfloat16), gate=1.0)
-  x, v = randn(0, (2, 4, D)), randn(1, (2, NV, D))
+  x, v = randn(0, (2, 6, D)), randn(1, (2, NV, D))
   y = run(pvm, x, visual=v)
   y_bf16 = run(pvm_bf16, x.astype(jnp.bfloat16), visual=v.astype(jnp.bfloat16))
   assert y_bf16.dtype == jnp.bfloat16
