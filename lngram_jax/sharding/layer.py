@@ -162,6 +162,11 @@ def _layer_body(params, h_BxTxD, segment_ids, valid, *, config, sharding, return
   local = nnx.merge(_graphdef(local_config), params)
 
   h_BxTxD = h_BxTxD.astype(c.dtype)
+  if route_parallel and table_axis is not None:
+    # Everything before the merge is per-shard work on h; marking h varying puts
+    # the backward's one psum on dh [B, T, d] instead of on dq̃ [B, T, Hq, D]
+    # and on the router's dh separately.
+    h_BxTxD = vary_over(h_BxTxD, (table_axis,))
   logits_BxTxRxM = local.router_logits(h_BxTxD)  # R = this shard's routes if route-parallel
   halo = c.max_order - 1 if context_parallel else 0
   logits_ext, segment_ext, valid_ext = logits_BxTxRxM, segment_ids, valid
