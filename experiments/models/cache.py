@@ -55,8 +55,10 @@ def init_cache(model, batch: int, max_len: int) -> DecodeCache:
       LayerCache(
           k_BxSxKxDh=jnp.zeros(kv_shape, c.dtype),
           v_BxSxKxDh=jnp.zeros(kv_shape, c.dtype),
+          # The Lngram state keeps the branch's own dtype (it may differ from
+          # the backbone's), as prefill does.
           lngram=None if block.lngram is None else init_decode_state(
-              block.lngram.config, batch, c.dtype),
+              block.lngram.config, batch),
       )
       for block in model.blocks)
   return DecodeCache(

@@ -89,6 +89,23 @@ def test_prefill_and_decode_equal_parallel_forward(model, packed):
     np.testing.assert_array_equal(cache.position_B, [3 + N_NEW, 3 + N_NEW, 4 + N_NEW])
 
 
+def test_decoding_from_an_empty_cache_equals_parallel_forward(model):
+  """init_cache + one decode_step per token (no prefill) == the parallel forward."""
+  S = T_PROMPT + N_NEW
+  tokens = jax.random.randint(jax.random.key(11), (3, S), 0, 256, dtype=jnp.int32)
+  cache = model.init_cache(3, S)
+  _, prefilled = _prefill(model, tokens[:, :T_PROMPT], jnp.full((3,), T_PROMPT), None)
+  assert jax.tree.structure(cache) == jax.tree.structure(prefilled)
+  shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+  assert shapes(cache) == shapes(prefilled)
+  step_logits = []
+  for t in range(S):
+    logits_BxV, cache = _decode_step(model, tokens[:, t:t + 1], cache)
+    step_logits.append(logits_BxV)
+  ref = _forward(model, tokens, None, None)
+  np.testing.assert_allclose(jnp.stack(step_logits, 1), ref, rtol=1e-5, atol=1e-5)
+
+
 def _greedy_reference(model, tokens, lengths, n_new):
   """Repeated full forwards, one row at a time, argmax at the last real token."""
   out = []
