@@ -198,11 +198,12 @@ def _loss(implementation, block_sizes, q, mem, sink_logit):
 
 
 def _lower(fn, avals, platform):
-  traced = jax.jit(fn).trace(*avals)
   if platform == "cuda":
+    # Trace inside the abstract mesh too: jax 0.11 reads the target GPU from the
+    # mesh captured at trace time.
     with use_abstract_mesh(H100):
-      return traced.lower(lowering_platforms=("cuda",)).as_text()
-  return traced.lower(lowering_platforms=("tpu",)).as_text()
+      return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+  return jax.jit(fn).trace(*avals).lower(lowering_platforms=("tpu",)).as_text()
 
 
 _KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
