@@ -140,9 +140,11 @@ def streaming_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
         "btkgr,btrkd->btkgd", e, v_BxTxCrxKxDh.astype(acc), preferred_element_type=acc)
     return (m_new, l_new, o_new), None
 
-  m0 = jnp.full((B, T, Hkv, G), sink_logit, acc)
-  l0 = jnp.ones((B, T, Hkv, G), acc)
-  o0 = jnp.zeros((B, T, Hkv, G, Dh), acc)
+  # Built from q (`*_like`) so that inside shard_map the carry has q's
+  # varying-axes type, as scan requires.
+  o0 = jnp.zeros_like(q_BxTxKxGxDh, dtype=acc)
+  m0 = jnp.full_like(o0[..., 0], sink_logit)
+  l0 = jnp.ones_like(o0[..., 0])
   (m, total, o), _ = jax.lax.scan(chunk_step, (m0, l0, o0), (mem_CxBxTxCrxD, real_CxCr))
   o_BxTxHqxDh = (o / total[..., None]).reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
   if return_lse:
