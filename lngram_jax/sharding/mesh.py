@@ -42,7 +42,9 @@ class ShardingConfig:
   """How a layer is laid out over a mesh.
 
   Attributes:
-    mode: "generic" (psum of gathered rows) or "route_parallel".
+    mode: "generic" (psum of gathered rows, then the readout form the
+      LngramConfig names) or "route_parallel" (the absorbed readout's maths as
+      partial softmax states; `LngramConfig.readout` is not consulted).
     data_axis, seq_axis, table_axis: mesh axis names of the batch, time and
       table-row (= route) dimensions; a name the mesh lacks means unsharded.
   """
