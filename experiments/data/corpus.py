@@ -1,0 +1,194 @@
+"""Text corpora as lists of files: listing, the train/validation split, the manifest.
+
+Two sources:
+  * "stdlib": the embedded default, the Python standard library's own source
+    (`sysconfig.get_paths()["stdlib"]`, `*.py` files outside test folders and
+    site-packages). Nothing is downloaded; it has strong local n-gram structure.
+  * "folder": every text file under a directory given on the command line
+    (hidden entries and binary files, those with a NUL byte, are skipped).
+
+The split is by a hash of each file's path relative to the corpus root, so it
+is the same on every run and machine and does not move when files are added.
+The manifest pins exactly which bytes a run saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+SOURCES = ("stdlib", "folder")
+# Folder names whose files are tests, not library source.
+_TEST_DIRS = frozenset({"test", "tests", "idle_test", "__pycache__"})
+_SKIP_TOP = frozenset({"site-packages", "dist-packages"})
+_SNIFF_BYTES = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+  """Which files form a corpus and how they are split.
+
+  Attributes:
+    source: "stdlib" or "folder".
+    path: root folder for source="folder"; ignored (and may be "") for "stdlib".
+    val_fraction: share of files, by path hash, that go to validation.
+    max_files: keep only the first files of each split in path order (train:
+      max_files, validation: its val_fraction share, at least one); 0 keeps all.
+      Tests use it for a tiny, still realistic slice.
+  """
+
+  source: str = "stdlib"
+  path: str = ""
+  val_fraction: float = 0.05
+  max_files: int = 0
+
+  def __post_init__(self):
+    if self.source not in SOURCES:
+      raise ValueError(f"CorpusSpec: source={self.source!r} is not one of {SOURCES}.")
+    if self.source == "folder" and not self.path:
+      raise ValueError("CorpusSpec: source='folder' needs path=<a folder of text files>.")
+    if not 0.0 < self.val_fraction < 1.0:
+      raise ValueError(f"CorpusSpec: val_fraction={self.val_fraction} must be in (0, 1).")
+    if self.max_files < 0:
+      raise ValueError(f"CorpusSpec: max_files={self.max_files} must be >= 0.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """The files of both splits, read into memory as uint8 arrays (path order)."""
+
+  root: str
+  train_paths: tuple[str, ...]
+  val_paths: tuple[str, ...]
+  train_docs: tuple[np.ndarray, ...]
+  val_docs: tuple[np.ndarray, ...]
+  manifest: dict
+
+  @property
+  def train_bytes(self) -> int:
+    return int(sum(d.size for d in self.train_docs))
+
+  @property
+  def val_bytes(self) -> int:
+    return int(sum(d.size for d in self.val_docs))
+
+
+def corpus_root(spec: CorpusSpec) -> Path:
+  if spec.source == "stdlib":
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+  root = Path(spec.path).expanduser().resolve()
+  if not root.is_dir():
+    raise FileNotFoundError(f"data.path={spec.path!r} is not a folder.")
+  return root
+
+
+def list_files(spec: CorpusSpec) -> list[str]:
+  """Relative paths (POSIX form, sorted) of the corpus files."""
+  root = corpus_root(spec)
+  found = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    rel_dir = Path(dirpath).relative_to(root)
+    # Prune in place so os.walk does not descend into skipped folders.
+    dirnames[:] = [d for d in dirnames if _keep_dir(spec, rel_dir, d)]
+    for name in filenames:
+      if name.startswith("."):
+        continue
+      if spec.source == "stdlib" and not name.endswith(".py"):
+        continue
+      rel = (rel_dir / name).as_posix()
+      if spec.source == "folder" and not _is_text(root / rel):
+        continue
+      found.append(rel)
+  if not found:
+    raise FileNotFoundError(f"no text files found under {root} (source={spec.source!r}).")
+  return sorted(found)
+
+
+def _keep_dir(spec: CorpusSpec, rel_dir: Path, name: str) -> bool:
+  if name.startswith("."):
+    return False
+  if spec.source == "stdlib":
+    return name not in _TEST_DIRS and not (rel_dir == Path(".") and name in _SKIP_TOP)
+  return True
+
+
+def _is_text(path: Path) -> bool:
+  if not path.is_file():
+    return False
+  with open(path, "rb") as f:
+    return b"\0" not in f.read(_SNIFF_BYTES)
+
+
+def is_validation(rel_path: str, val_fraction: float) -> bool:
+  """Stable split: the first 8 bytes of sha256(path) as a fraction of 2**64."""
+  digest = hashlib.sha256(rel_path.encode("utf-8")).digest()
+  return int.from_bytes(digest[:8], "big") < val_fraction * 2.0**64
+
+
+def split_files(paths: list[str], spec: CorpusSpec) -> tuple[list[str], list[str]]:
+  train = [p for p in paths if not is_validation(p, spec.val_fraction)]
+  val = [p for p in paths if is_validation(p, spec.val_fraction)]
+  if spec.max_files:
+    train = train[: spec.max_files]
+    val = val[: max(1, math.ceil(spec.max_files * spec.val_fraction))]
+  if not train or not val:
+    raise ValueError(
+        f"corpus split is empty (train {len(train)} files, validation {len(val)}); "
+        f"raise data.val_fraction={spec.val_fraction} or use more files.")
+  return train, val
+
+
+def load_corpus(spec: CorpusSpec) -> Corpus:
+  """Lists, splits and reads the corpus, and builds its manifest."""
+  root = corpus_root(spec)
+  train_paths, val_paths = split_files(list_files(spec), spec)
+  read = lambda rel: np.frombuffer((root / rel).read_bytes(), dtype=np.uint8)
+  train_docs = tuple(read(p) for p in train_paths)
+  val_docs = tuple(read(p) for p in val_paths)
+  manifest = _manifest(spec, root, train_paths, train_docs, val_paths, val_docs)
+  return Corpus(str(root), tuple(train_paths), tuple(val_paths), train_docs, val_docs, manifest)
+
+
+def _manifest(spec, root, train_paths, train_docs, val_paths, val_docs) -> dict:
+  """File list hash (sorted paths and byte counts), content hash, per-file bytes."""
+  entries = sorted(
+      [(p, int(d.size), "train") for p, d in zip(train_paths, train_docs, strict=True)]
+      + [(p, int(d.size), "validation") for p, d in zip(val_paths, val_docs, strict=True)])
+  list_hash = hashlib.sha256()
+  for path, size, split in entries:
+    list_hash.update(f"{path}\t{size}\t{split}\n".encode())
+  docs = dict(zip(train_paths, train_docs, strict=True)) | dict(
+      zip(val_paths, val_docs, strict=True))
+  content_hash = hashlib.sha256()
+  for path, _, _ in entries:
+    content_hash.update(docs[path].tobytes())
+  return {
+      "source": spec.source,
+      "root": str(root),
+      "python": sys.version.split()[0],
+      "val_fraction": spec.val_fraction,
+      "max_files": spec.max_files,
+      "file_list_sha256": list_hash.hexdigest(),
+      "content_sha256": content_hash.hexdigest(),
+      "train_files": len(train_paths),
+      "val_files": len(val_paths),
+      "train_bytes": int(sum(d.size for d in train_docs)),
+      "val_bytes": int(sum(d.size for d in val_docs)),
+      "files": [{"path": p, "bytes": s, "split": sp} for p, s, sp in entries],
+  }
+
+
+def write_manifest(corpus: Corpus, workdir: str | os.PathLike) -> Path:
+  """Writes `corpus_manifest.json` into the run directory and returns its path."""
+  path = Path(workdir) / "corpus_manifest.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(corpus.manifest, indent=1) + "\n")
+  return path

@@ -1,0 +1,116 @@
+"""grain pipelines over a packed corpus: shuffled training batches, fixed eval batches.
+
+The training stream is indexed: global row k belongs to epoch k // rows and is
+row `perm_e[k % rows]` of that epoch's stream, where the document order and the
+row order of epoch e are permutations drawn from numpy's generator seeded with
+(seed, e). A grain `MapDataset` over that random-access source is batched and
+read through a grain iterator, whose state (the next batch index) is saved in
+every checkpoint: restoring it resumes at exactly the next batch.
+
+This is the only module that imports grain; restoring a model does not need it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import grain
+import numpy as np
+
+from experiments.data.corpus import Corpus
+from experiments.data.packing import num_rows, pack_row, stream_offsets
+
+# Length of the (lazy) training source in epochs: far more than any run reads.
+_EPOCHS = 100_000
+_STATE_VERSION = 1
+
+
+class PackedRows:
+  """Random-access source of packed rows (grain's data-source protocol)."""
+
+  def __init__(self, docs, seq_len: int, *, seed: int | None, epochs: int = 1):
+    self.docs = tuple(docs)
+    self.seq_len = int(seq_len)
+    self.seed = seed
+    self.lengths = np.asarray([d.size for d in self.docs], np.int64)
+    self.rows_per_epoch = num_rows(int(self.lengths.sum()), self.seq_len)
+    if self.rows_per_epoch < 1:
+      raise ValueError(
+          f"corpus of {int(self.lengths.sum())} bytes holds no row of seq_len={seq_len}.")
+    self.epochs = epochs
+
+  def __len__(self) -> int:
+    return self.rows_per_epoch * self.epochs
+
+  @functools.lru_cache(maxsize=2)  # noqa: B019 — the source lives as long as its dataset
+  def _epoch(self, epoch: int):
+    """(document order, stream offsets, row permutation) of one epoch."""
+    n = len(self.docs)
+    if self.seed is None:
+      order, rows = np.arange(n), np.arange(self.rows_per_epoch)
+    else:
+      rng = np.random.default_rng([self.seed, epoch])
+      order, rows = rng.permutation(n), rng.permutation(self.rows_per_epoch)
+    return order, stream_offsets(self.lengths[order]), rows
+
+  def __getitem__(self, index: int) -> dict:
+    epoch, i = divmod(int(index), self.rows_per_epoch)
+    order, offsets, rows = self._epoch(epoch)
+    return pack_row(self.docs, order, offsets, int(rows[i]), self.seq_len)
+
+
+class TrainIterator:
+  """Endless training batches with a JSON-serialisable, exactly resumable state."""
+
+  def __init__(self, corpus: Corpus, *, seq_len: int, batch_size: int, seed: int,
+               prefetch: int = 4):
+    self.source = PackedRows(corpus.train_docs, seq_len, seed=seed, epochs=_EPOCHS)
+    self.fingerprint = {
+        "file_list_sha256": corpus.manifest["file_list_sha256"],
+        "seq_len": seq_len, "batch_size": batch_size, "seed": seed,
+    }
+    dataset = grain.MapDataset.source(self.source).batch(batch_size, drop_remainder=True)
+    # One reader thread: rows are cheap and the cores belong to XLA.
+    options = grain.ReadOptions(num_threads=1 if prefetch else 0,
+                                prefetch_buffer_size=max(prefetch, 1))
+    self._iter = iter(dataset.to_iter_dataset(options))
+
+  @property
+  def rows_per_epoch(self) -> int:
+    return self.source.rows_per_epoch
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    return next(self._iter)
+
+  def get_state(self) -> dict:
+    return {"version": _STATE_VERSION, "grain": self._iter.get_state(), **self.fingerprint}
+
+  def set_state(self, state: dict) -> None:
+    saved = {k: state.get(k) for k in self.fingerprint}
+    if saved != self.fingerprint:
+      raise ValueError(
+          "the checkpoint's data iterator was made for different data: saved "
+          f"{saved}, now {self.fingerprint}; resuming would not continue the same stream.")
+    self._iter.set_state(state["grain"])
+
+
+def eval_batches(corpus: Corpus, *, seq_len: int, batch_size: int, max_batches: int) -> list:
+  """Validation rows in path order (no shuffle), as at most `max_batches` batches.
+
+  A last partial batch is padded with rows whose loss_mask is 0 so every batch
+  has one shape (one compiled eval step).
+  """
+  source = PackedRows(corpus.val_docs, seq_len, seed=None)
+  n = min(len(source), max_batches * batch_size)
+  dataset = grain.MapDataset.source(source)[:n].batch(batch_size, drop_remainder=False)
+  batches = []
+  for batch in dataset:
+    short = batch_size - batch["inputs"].shape[0]
+    if short:
+      batch = {k: np.concatenate([v, np.zeros((short, *v.shape[1:]), v.dtype)])
+               for k, v in batch.items()}
+    batches.append(batch)
+  return batches
