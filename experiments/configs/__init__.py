@@ -1,0 +1,43 @@
+"""Experiment configs: ml_collections files with `get_config(arg)`.
+
+A config file's module docstring starts with its one-line purpose and holds
+the exact command that runs it. `base.py` holds the shared defaults.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent
+
+
+def config_files() -> list[Path]:
+  """Every config file (a module here with a `get_config` function)."""
+  files = []
+  for path in sorted(CONFIG_DIR.glob("*.py")):
+    tree = ast.parse(path.read_text())
+    if any(isinstance(n, ast.FunctionDef) and n.name == "get_config" for n in tree.body):
+      files.append(path)
+  return files
+
+
+def purpose(path: Path) -> str:
+  """The first line of a config file's docstring."""
+  doc = ast.get_docstring(ast.parse(Path(path).read_text())) or ""
+  return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def load_config(spec: str):
+  """`path/to/config.py[:arg]` -> the ConfigDict its get_config(arg) returns."""
+  path, _, arg = str(spec).partition(":")
+  path = Path(path)
+  if not path.exists() and (CONFIG_DIR / path.name).exists():
+    path = CONFIG_DIR / path.name
+  if not path.exists():
+    raise FileNotFoundError(f"config file {str(path)!r} not found.")
+  module_spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()

@@ -1,0 +1,58 @@
+"""Evaluating and sampling a finished (or running) run from its checkpoint."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.checkpoint import restore
+from experiments.configs.base import corpus_spec
+from experiments.models import generate
+from experiments.train import step as step_lib
+
+
+def evaluate_run(workdir, *, step: int | None = None, max_batches: int | None = None) -> dict:
+  """Validation bits per byte (and Lngram metrics) of a checkpoint in `workdir`.
+
+  Data settings come from the run's saved config; `max_batches` overrides
+  data.eval_batches.
+  """
+  from experiments.data import eval_batches, load_corpus  # needs grain
+
+  model, config = restore(workdir, step)
+  dc = config.data
+  corpus = load_corpus(corpus_spec(config))
+  batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                         max_batches=max_batches or dc.eval_batches)
+  graphdef, params = nnx.split(model, nnx.Param)
+  eval_step = step_lib.make_eval_step(graphdef, model.config.lngram)
+  return step_lib.evaluate(eval_step, nnx.to_pure_dict(params), batches)
+
+
+def encode(text: str) -> np.ndarray:
+  """Byte tokens of a UTF-8 string: int32 [T]."""
+  return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+
+def decode(tokens) -> str:
+  """Text of byte tokens (invalid UTF-8 sequences are replaced)."""
+  return bytes(np.asarray(tokens, np.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+def sample_text(model, prompts: list[str], *, max_new_tokens: int, seed: int = 0,
+                temperature: float = 1.0, top_k: int | None = None, greedy: bool = False,
+                use_cache: bool = True) -> list[str]:
+  """Continues each prompt; prompts of unequal length are right-padded."""
+  if not prompts or any(not p for p in prompts):
+    raise ValueError("sample_text: every prompt must be a non-empty string.")
+  encoded = [encode(p) for p in prompts]
+  lengths = np.asarray([e.size for e in encoded], np.int32)
+  tokens_BxT = np.zeros((len(encoded), lengths.max()), np.int32)
+  for i, e in enumerate(encoded):
+    tokens_BxT[i, :e.size] = e
+  new_BxN = generate(model, jnp.asarray(tokens_BxT), prompt_lengths=jnp.asarray(lengths),
+                     max_new_tokens=max_new_tokens, rng=jax.random.key(seed),
+                     temperature=temperature, top_k=top_k, greedy=greedy, use_cache=use_cache)
+  return [decode(row) for row in np.asarray(new_BxN)]

@@ -1,0 +1,39 @@
+"""A tiny trained run shared by the experiment tests (made once per session)."""
+
+import shutil
+
+import pytest
+
+from experiments.configs import load_config
+
+
+def smoke_config(name="lm_lngram", **train):
+  """The smoke config of a config file, with train.* overrides."""
+  config = load_config(f"experiments/configs/{name}.py:smoke")
+  config.train.update(progress=False, **train)
+  return config
+
+
+@pytest.fixture(name="smoke_config")
+def smoke_config_fixture():
+  """`smoke_config(name="lm_lngram", **train_overrides)` for tests that train."""
+  return smoke_config
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+  """A 2-step lm_lngram smoke run with checkpoints at steps 1 and 2."""
+  from experiments.train import train
+
+  workdir = tmp_path_factory.mktemp("smoke_run")
+  result = train(smoke_config(steps=2, ckpt_every=1, eval_every=2), workdir)
+  return workdir, result
+
+
+@pytest.fixture
+def smoke_run_copy(smoke_run, tmp_path):
+  """A private copy of the smoke run (for tests that damage or extend it)."""
+  workdir, result = smoke_run
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  return copy, result
