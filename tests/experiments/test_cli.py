@@ -1,0 +1,66 @@
+"""The `lngram-exp` command line (as `python -m experiments`), end to end in subprocesses."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args, timeout=300):
+  env = dict(os.environ)
+  # Reuse the test session's persistent compilation cache in the child.
+  env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir or ""
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+  return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_configs_lists_files_with_purpose():
+  out = _cli("configs")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert any(line.startswith("lm_lngram.py") and "Lngram" in line for line in lines)
+  assert any(line.startswith("lm_baseline.py") and "baseline" in line for line in lines)
+
+
+def test_usage_errors():
+  out = _cli("fly")
+  assert out.returncode != 0 and "usage: lngram-exp" in out.stderr
+  out = _cli("train", "--workdir=/nonexistent-never-created")
+  assert out.returncode != 0 and "--config" in out.stderr
+
+
+def test_train_eval_sample_on_a_folder(tmp_path):
+  """The folder source (`--config.data.path`), then eval and sample of that run."""
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  for i in range(40):
+    (texts / f"doc{i}.txt").write_text(f"line {i}: the quick brown fox\n" * 8)
+  workdir = tmp_path / "run"
+  out = _cli("train", "--config=experiments/configs/lm_baseline.py:smoke",
+             "--config.train.steps=2", "--config.data.seq_len=16", f"--config.data.path={texts}",
+             "--config.data.max_files=0", "--config.data.val_fraction=0.2",
+             f"--workdir={workdir}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "validation bits per byte:" in out.stdout
+  assert "step 2/2" in out.stderr and "tok/s" in out.stderr and "ETA" in out.stderr
+  bpb = float(out.stdout.rsplit("validation bits per byte:", 1)[1].split()[0])
+  manifest = (workdir / "corpus_manifest.json").read_text()
+  assert '"source": "folder"' in manifest and "doc0.txt" in manifest
+
+  out = _cli("eval", f"--workdir={workdir}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  values = dict(line.split() for line in out.stdout.splitlines())
+  assert float(values["eval/bits_per_byte"]) == pytest.approx(bpb, abs=1e-4)
+
+  out = _cli("sample", f"--workdir={workdir}", "--prompt=line ", "--max_new_tokens=6",
+             "--top_k=5")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "--- 'line '" in out.stdout
