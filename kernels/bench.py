@@ -4,7 +4,7 @@
     python -m kernels.bench --shape r64     # one readout shape
     python -m kernels.bench --shape tiny    # CPU smoke run (tiny shapes, seconds)
     python -m kernels.bench --sweep         # also try a few Pallas block sizes
-    python -m kernels.bench --forms pallas  # only some of literal,absorbed,pallas
+    python -m kernels.bench --forms pallas  # a subset of literal,absorbed,pallas,pallas_fused
 
 Readout rows take (q [N, Hq, dh], x̂ [N, R, D], W_K, W_V [D, Hkv, dh]) as
 [B=1, T=N] arrays in bfloat16 (dh = 128) and time forward and forward +
@@ -13,17 +13,19 @@ N·R·D·bytes; "fwd/floor" divides the forward time by that floor at the copy
 bandwidth measured in the same run (copying x̂: one read, one write), and
 "floor GB/s" is N·R·D·bytes / time. The layer rows time LngramV2 at d = 2048,
 r64/m4/KV8/mem128, B = 8, T = 1024, bf16 activations and the one-bit
-surrogate, forward and forward + backward (all parameter gradients).
+surrogate, forward and forward + backward (all parameter gradients), with the
+readouts "pallas_fused" (table rows gathered and normalised inside the
+kernel: x̂ never in HBM), "pallas", "absorbed" and "literal".
 
 Peak memory: "compiled GiB" is XLA's compiled memory analysis of the
 forward + backward function (arguments + outputs + temporaries); "device GiB"
 is `memory_stats()["peak_bytes_in_use"]` after the row, a process-wide high
-water mark that only grows (the layer rows run first, the Pallas layer row
-first of all, so that row's figure is its own).
+water mark that only grows (the layer rows run first, the fused Pallas layer
+row first of all, so that row's figure is its own).
 
-The fused-gather kernel (gather of the table rows inside the kernel) does not
-exist yet, so it has no rows. On CPU the Pallas kernels run in interpret mode:
-their times there measure the interpreter, not the kernel, and mean nothing.
+The fused kernel needs the tables, so it appears in the layer rows only. On
+CPU the Pallas kernels run in interpret mode: their times there measure the
+interpreter, not the kernel, and mean nothing.
 """
 
 from __future__ import annotations
@@ -218,13 +220,14 @@ def main(argv=None):
                       choices=["all", "tiny", "layer", *READOUT_SHAPES])
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--inner", type=int, default=10)
-  parser.add_argument("--forms", default="literal,absorbed,pallas",
-                      help="comma-separated subset of literal,absorbed,pallas")
+  parser.add_argument("--forms", default="literal,absorbed,pallas,pallas_fused",
+                      help="comma-separated subset of literal,absorbed,pallas,pallas_fused"
+                           " (pallas_fused: layer rows only)")
   parser.add_argument("--sweep", action="store_true",
                       help="also time the Pallas readout with the block sizes in SWEEP")
   args = parser.parse_args(argv)
   wanted = args.forms.split(",")
-  unknown = set(wanted) - {"literal", "absorbed", "pallas"}
+  unknown = set(wanted) - {"literal", "absorbed", "pallas", "pallas_fused"}
   if unknown:
     parser.error(f"--forms: unknown {sorted(unknown)}")
 
@@ -243,7 +246,8 @@ def main(argv=None):
     forms += [(f"pallas r{b.block_r}/{b.bwd_r} w{b.num_warps}",
                functools.partial(pallas_readout, block_sizes=b)) for b in SWEEP]
   if args.shape in ("all", "layer", "tiny"):
-    layer_readouts = [r for r in ("pallas", "absorbed", "literal") if r in wanted]
+    layer_readouts = [r for r in ("pallas_fused", "pallas", "absorbed", "literal")
+                      if r in wanted]
     bench_layer(TINY_LAYER if tiny else LAYER, layer_readouts, repeats=repeats, inner=inner)
   shapes = ([TINY_READOUT] if tiny else list(READOUT_SHAPES.values()) if args.shape == "all"
             else [READOUT_SHAPES[args.shape]] if args.shape in READOUT_SHAPES else [])

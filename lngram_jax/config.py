@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 SURROGATES = ("exact", "onebit", "ste", "none")
-READOUTS = ("literal", "streaming", "absorbed", "pallas")
+READOUTS = ("literal", "streaming", "absorbed", "pallas", "pallas_fused")
 _INT32_MAX = 2**31 - 1
 
 
@@ -34,7 +34,9 @@ class LngramConfig:
     surrogate_tau, surrogate_scale: τ and λ of the surrogate.
     conv_kernel, conv_dilation: the short causal depthwise conv; dilation
       None means the largest order.
-    readout: "literal", "streaming", "absorbed" or "pallas" (all equal).
+    readout: "literal", "streaming", "absorbed", "pallas" or "pallas_fused"
+      (all equal; "pallas_fused" also gathers and normalises the table rows
+      inside the kernel, GPU or CPU only).
     route_chunk: routes per chunk of the streaming readout.
     dtype, param_dtype: activation and parameter dtypes.
     eps: RMSNorm epsilon.

@@ -102,10 +102,21 @@ class LngramV2(nnx.Module):
     kwargs = dict(sink_logit=c.sink_logit, return_lse=True)
     if c.readout == "streaming":
       kwargs["chunk"] = c.route_chunk
-    if c.readout == "pallas":
+    if c.readout in ("pallas", "pallas_fused"):  # given x, the fused kernel has no gather to do
       from kernels.sink_readout.api import pallas_readout  # optional dependency
       return pallas_readout(q_BxTxHqxDh, mem_hat, w_k, w_v, **kwargs)
     return READOUT_FORMS[c.readout](q_BxTxHqxDh, mem_hat, w_k, w_v, **kwargs)
+
+  def fused_readout(self, q_BxTxHqxDh, logits_BxTxRxM, *, segment_ids=None, valid=None):
+    """route_tokens + readout in one kernel: x never exists in HBM (o, lse)."""
+    from kernels.sink_readout.fused import fused_readout  # optional dependency
+    c = self.config
+    w_k, w_v = self.kv_weights()
+    return fused_readout(
+        q_BxTxHqxDh, logits_BxTxRxM, [table[...] for table in self.tables], self.mem_norm[...],
+        w_k, w_v, orders=c.orders, bits=c.bits, sink_logit=c.sink_logit, dtype=c.dtype,
+        eps=c.eps, segment_ids=segment_ids, valid=valid, surrogate=c.surrogate,
+        tau=c.surrogate_tau, surrogate_scale=c.surrogate_scale, return_lse=True)
 
   def output(self, o_BxTxHqxDh, *, segment_ids=None, valid=None):
     """Y = ṽ + SiLU(DWConv(RMSNorm_c(ṽ))), zero on padding tokens."""
@@ -140,8 +151,12 @@ class LngramV2(nnx.Module):
       checks.check_int("segment_ids", segment_ids)
     h_BxTxD = h_BxTxD.astype(c.dtype)
     logits_BxTxRxM = self.router_logits(h_BxTxD)
-    x_BxTxRxD = self.route_tokens(logits_BxTxRxM, segment_ids=segment_ids, valid=valid)
-    o_BxTxHqxDh, lse_BxTxHq = self.readout(self.query(h_BxTxD), x_BxTxRxD)
+    if c.readout == "pallas_fused":
+      o_BxTxHqxDh, lse_BxTxHq = self.fused_readout(
+          self.query(h_BxTxD), logits_BxTxRxM, segment_ids=segment_ids, valid=valid)
+    else:
+      x_BxTxRxD = self.route_tokens(logits_BxTxRxM, segment_ids=segment_ids, valid=valid)
+      o_BxTxHqxDh, lse_BxTxHq = self.readout(self.query(h_BxTxD), x_BxTxRxD)
     y_BxTxD = self.output(o_BxTxHqxDh, segment_ids=segment_ids, valid=valid)
     if not return_aux:
       return y_BxTxD

@@ -27,6 +27,7 @@ from kernels.sink_readout.common import (
     check_inputs,
     check_mosaic_blocks,
     check_triton_blocks,
+    sink_logit_cotangent,
 )
 from kernels.sink_readout.reference import (
     sink_readout_reference,
@@ -123,18 +124,7 @@ def _sink_readout_bwd(scale, impl, blocks, interpret, backward, residuals, cotan
     dq, dmem = mosaic_tpu.backward(q, mem, out, lse, dout, dlse, scale=scale,
                                    block_n=blocks.bwd_n, block_r=blocks.bwd_r,
                                    interpret=interpret)
-  return dq, dmem, _sink_logit_cotangent(sink_logit, out, lse, dout, dlse)
-
-
-def _sink_logit_cotangent(sink_logit, out_NxHqxD, lse_NxHq, dout_NxHqxD, dlse_NxHq):
-  """∂lse/∂b0 = σ0 and ∂out/∂b0 = -σ0·out, σ0 = exp(b0 - lse) the sink mass.
-
-  b0 is normally a constant: then nothing consumes this and XLA drops it.
-  """
-  delta_NxHq = jnp.einsum("nhd,nhd->nh", out_NxHqxD, dout_NxHqxD,
-                          preferred_element_type=jnp.float32)
-  sink_mass_NxHq = jnp.exp(sink_logit - lse_NxHq)
-  return jnp.sum(sink_mass_NxHq * (dlse_NxHq - delta_NxHq))
+  return dq, dmem, sink_logit_cotangent(sink_logit, out, lse, dout, dlse)
 
 
 _sink_readout.defvjp(_sink_readout_fwd, _sink_readout_bwd)

@@ -76,6 +76,16 @@ def triton_pad(x: int) -> int:
   return max(16, next_power_of_2(x))
 
 
+def sink_logit_cotangent(sink_logit, out_xHxD, lse_xH, dout_xHxD, dlse_xH):
+  """Cotangent of b0: ∂lse/∂b0 = σ0 and ∂out/∂b0 = -σ0·out, σ0 = exp(b0 - lse).
+
+  b0 is normally a constant: then nothing consumes this and XLA drops it.
+  """
+  delta_xH = jnp.sum(out_xHxD.astype(jnp.float32) * dout_xHxD.astype(jnp.float32), axis=-1)
+  sink_mass_xH = jnp.exp(sink_logit - lse_xH)
+  return jnp.sum(sink_mass_xH * (dlse_xH.astype(jnp.float32) - delta_xH))
+
+
 def check_inputs(q_NxHqxD, mem_NxRxD) -> None:
   """Shape and dtype checks of the public entry point, with named values."""
   if q_NxHqxD.ndim != 3:

@@ -1,14 +1,17 @@
-"""LngramV2 with readout="pallas" equals readout="absorbed": values, aux and grads.
+"""LngramV2 with readout="pallas" or "pallas_fused" equals readout="absorbed".
 
-On CPU the Pallas readout runs the Triton kernels in interpret mode (chosen
-automatically), so this is the whole layer through the kernel's forward and
-backward. w_o and the conv are zero at init, which would hide the readout from
+Values, aux (route mass, through lse) and every parameter gradient, the router
+included (surrogate). On CPU the Pallas readouts run the Triton kernels in
+interpret mode (chosen automatically), so this is the whole layer through the
+kernels' forward and backward; "pallas_fused" also gathers the table rows
+inside the kernel. w_o and the conv are zero at init, which would hide the readout from
 every gradient; they are set to random values first.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from lngram_jax import LngramConfig, LngramV2
@@ -42,7 +45,8 @@ def _rel_err(got, want):
   return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
-def test_pallas_layer_matches_absorbed():
+@pytest.mark.parametrize("readout", ["pallas", "pallas_fused"])
+def test_pallas_layer_matches_absorbed(readout):
   dtype, tol = jnp.float32, 2e-5
   kh, ky, km = jax.random.split(jax.random.key(2), 3)
   h = jax.random.normal(kh, (B, T, CONFIG.d_model), jnp.float32)
@@ -51,11 +55,11 @@ def test_pallas_layer_matches_absorbed():
   segment_ids = jnp.array([[0] * 4 + [1] * 3, [0] * 7], jnp.int32)
 
   results = {}
-  for readout in ("absorbed", "pallas"):
-    model = _model(CONFIG.replace(readout=readout, dtype=dtype))
-    results[readout] = _loss_and_grads(model, h, g_y, g_mass, segment_ids)
+  for form in ("absorbed", readout):
+    model = _model(CONFIG.replace(readout=form, dtype=dtype))
+    results[form] = _loss_and_grads(model, h, g_y, g_mass, segment_ids)
 
-  (_, y, mass, grads), (_, y_ref, mass_ref, grads_ref) = results["pallas"], results["absorbed"]
+  (_, y, mass, grads), (_, y_ref, mass_ref, grads_ref) = results[readout], results["absorbed"]
   assert y.dtype == y_ref.dtype == dtype
   assert _rel_err(y, y_ref) < tol
   assert _rel_err(mass, mass_ref) < tol
