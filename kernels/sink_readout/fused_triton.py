@@ -54,8 +54,8 @@ class _Tiles:
   def load_heads(self, ref, t, o, token_ok):
     return plgpu.load(ref.at[t, :, self.features(o)], mask=self.tile_ok & token_ok, other=0.0)
 
-  def route_tokens(self, table_refs, rows_refs, gammas, t, j, token_ok, act_dtype):
-    """x_o (float32, rounded to act_dtype), r = rsqrt(mean x² + eps) and x̂_o."""
+  def route_tokens(self, table_refs, rows_refs, t, j, token_ok, act_dtype):
+    """Which rows of the block are real, and x_o per order (float32 values of act_dtype)."""
     row_ok = (j * self.block_r + jnp.arange(self.block_r) < self.routes) & token_ok
     xs = []
     for table_ref, rows_ref in zip(table_refs, rows_refs, strict=True):
@@ -68,6 +68,7 @@ class _Tiles:
     return row_ok, xs
 
   def normalise(self, xs, gammas, eps, act_dtype):
+    """r = rsqrt(mean_D x² + eps) per row and x̂_o = (x_o·r·γ_o) in act_dtype."""
     sum_sq_R = sum(jnp.sum(x * x, axis=1) for x in xs)
     inv_R = lax.rsqrt(sum_sq_R / self.dim + eps)
     xhat = [(x * inv_R[:, None] * g[None, :]).astype(act_dtype) for x, g in zip(xs, gammas,
@@ -95,7 +96,7 @@ def _forward_kernel(sink_ref, q_ref, norm_ref, *refs, scale, eps, n_tokens, head
 
     def route_block(j, state):
       m_H, l_H, accs = state
-      row_ok, xs = tiles.route_tokens(table_refs, rows_refs, gammas, t, j, token_ok, act_dtype)
+      row_ok, xs = tiles.route_tokens(table_refs, rows_refs, t, j, token_ok, act_dtype)
       _, xhat = tiles.normalise(xs, gammas, eps, act_dtype)
       s_HxR = sum(_dot(q, x, _NT) for q, x in zip(qs, xhat, strict=True)) * scale
       s_HxR = jnp.where(row_ok[None, :], s_HxR, MASK_VALUE)
@@ -143,7 +144,7 @@ def _backward_kernel(q_ref, norm_ref, out_ref, lse_ref, dout_ref, dlse_ref, *ref
 
     def route_block(j, state):
       dqs, dgammas = state
-      row_ok, xs = tiles.route_tokens(table_refs, rows_refs, gammas, t, j, token_ok, act_dtype)
+      row_ok, xs = tiles.route_tokens(table_refs, rows_refs, t, j, token_ok, act_dtype)
       inv_R, xhat = tiles.normalise(xs, gammas, eps, act_dtype)
       s_HxR = sum(_dot(q, x, _NT) for q, x in zip(qs, xhat, strict=True)) * scale
       p_HxR = jnp.exp(s_HxR - lse_H[:, None])
