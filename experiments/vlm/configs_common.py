@@ -1,0 +1,85 @@
+"""Shared defaults of the VLM experiment configs (vlm_base, vlm_pvm_sft, vlm_pvm_grpo).
+
+Not a config file itself. A VLM config is an LM config (`experiments.configs.base`:
+model = the decoder backbone, optim.lr / weight_decay, data.batch_size,
+train.steps / seed / log_every) plus a `vlm` block: the encoder, the branch
+and its layers, the emoji scenes, the stage and where it starts from.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from experiments.configs import base
+
+
+def vlm_base_config() -> ml_collections.ConfigDict:
+  c = base.base_config()
+  c.model.update(max_len=320)
+  c.data.update(batch_size=16)
+  c.optim.update(lr=3e-3, weight_decay=0.0)
+  c.train.update(steps=400, log_every=20)
+  c.vlm = dict(
+      stage="pretrain", init_from="", trainable="all",
+      # encoder: 48x48 images, one 16x16 patch per grid cell -> 9 visual tokens
+      patch_size=16, vit_dim=64, vit_layers=2, vit_heads=2, vit_ffn=128,
+      # branch
+      branch="none", layer_strategy="strided", layer_start=1, layer_stride=2, layer_count=2,
+      layers=(), visual_mass_from="", latent_dim=64, pvm_head_dim=32, pvm_source="raw",
+      mlp_dim=0,
+      # scenes
+      rows=3, cols=3, glyph_size=16, min_objects=1, max_objects=0, scene_seed=0,
+      task="mix", filler_per_item=0, n_train=2000, eval_n=64, eval_max_new_tokens=200,
+      grpo=dict(group_size=8, prompts_per_step=2, max_new_tokens=200, lr=1e-6, clip_eps=0.2,
+                kl_coef=0.0, temperature=1.0),
+  )
+  return c
+
+
+def vlm_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Seconds on CPU: tiny backbone and encoder, 2x2 scenes, a few steps."""
+  base.smoke(c)
+  c.model.update(max_len=256)
+  c.train.update(steps=3, log_every=1)
+  c.vlm.update(vit_dim=16, vit_layers=1, vit_ffn=32, latent_dim=32, pvm_head_dim=16,
+               layer_start=1, layer_stride=1, layer_count=1, rows=2, cols=2, glyph_size=8,
+               patch_size=8, n_train=8, eval_n=4, eval_max_new_tokens=8)
+  c.vlm.grpo.update(prompts_per_step=1, group_size=4, max_new_tokens=8)
+  return c
+
+
+def apply_args(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collections.ConfigDict:
+  """Comma-separated variant args shared by the configs:
+
+  smoke       the smoke shapes above;
+  none        no branch (the base model trained on the same data: its LM trains);
+  mlp         the iso-parameter parallel MLP instead of PVM;
+  hidden      PVM reads the processed hidden states instead of raw visual embeddings;
+  dNN         PVM latent width NN (e.g. d32);
+  lA.B.C      explicit branch layers A, B, C (e.g. l1.3);
+  peak, max_decay  layers by measured visual attention (needs vlm.visual_mass_from,
+              a run directory holding attention_decay.json);
+  sNN         seed NN (train.seed and the parameter init).
+  """
+  for part in filter(None, (arg or "").split(",")):
+    if part == "smoke":
+      vlm_smoke(c)
+    elif part == "none":
+      c.vlm.update(branch="none", trainable="lm" if c.vlm.trainable == "branch"
+                   else c.vlm.trainable)
+    elif part == "mlp":
+      c.vlm.branch = "mlp"
+    elif part == "hidden":
+      c.vlm.pvm_source = "hidden"
+    elif part in ("peak", "max_decay"):
+      c.vlm.layer_strategy = part
+    elif part[0] == "d" and part[1:].isdigit():
+      c.vlm.latent_dim = int(part[1:])
+    elif part[0] == "l" and all(s.isdigit() for s in part[1:].split(".")):
+      c.vlm.update(layer_strategy="explicit", layers=tuple(int(s) for s in part[1:].split(".")))
+    elif part[0] == "s" and part[1:].isdigit():
+      c.train.seed = int(part[1:])
+    else:
+      raise ValueError(f"{name}: unknown config arg {part!r} (see experiments/vlm/"
+                       "configs_common.apply_args).")
+  return c
