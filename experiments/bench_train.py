@@ -1,0 +1,91 @@
+"""Training throughput on this machine: lm_baseline vs lm_lngram, same run.
+
+    python -m experiments.bench_train --steps=20 --repeats=3
+
+Both models train on the same batches of the embedded corpus with their
+default configs (or `--args=smoke`); timing rounds alternate between the
+two (A B A B ...) so load from other processes hits both alike. Reports the
+median tokens/s of each and their ratio; compile time is excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from experiments.configs import load_config
+from experiments.configs.base import corpus_spec
+from experiments.data import TrainIterator, load_corpus
+from experiments.train import init_model
+from experiments.train import optimizer as optim_lib
+from experiments.train import step as step_lib
+
+CONFIGS = {"lm_baseline": "experiments/configs/lm_baseline.py",
+           "lm_lngram": "experiments/configs/lm_lngram.py"}
+
+
+def _runner(config, batches):
+  graphdef, params = init_model(config)
+  tx = optim_lib.make_optimizer(config.optim, params, config.train.steps)
+  lr = optim_lib.learning_rate_schedule(config.optim, config.train.steps)
+  train_step = step_lib.make_train_step(graphdef, tx, lr)
+  state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+  state, metrics = train_step(state, batches[0])  # compile
+  jax.block_until_ready(metrics)
+  holder = {"state": state}
+
+  def run():
+    state = holder["state"]
+    t0 = time.perf_counter()
+    for batch in batches:
+      state, metrics = train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    holder["state"] = state
+    return time.perf_counter() - t0
+
+  return run
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=20, help="steps per timing round")
+  parser.add_argument("--repeats", type=int, default=3, help="timing rounds per model")
+  parser.add_argument("--args", default="", help="config arg for both files, e.g. smoke")
+  ns = parser.parse_args(argv)
+  configs = {name: load_config(f"{path}:{ns.args}" if ns.args else path)
+             for name, path in CONFIGS.items()}
+  first = next(iter(configs.values()))
+  corpus = load_corpus(corpus_spec(first))
+  data = TrainIterator(corpus, seq_len=first.data.seq_len, batch_size=first.data.batch_size,
+                       seed=first.data.seed, prefetch=0)
+  batches = [next(data) for _ in range(ns.steps)]
+  tokens = ns.steps * first.data.batch_size * first.data.seq_len
+  runners = {name: _runner(c, batches) for name, c in configs.items()}
+  times = {name: [] for name in runners}
+  for _ in range(ns.repeats):
+    for name, run in runners.items():
+      times[name].append(run())
+  tok_s = {name: tokens / statistics.median(t) for name, t in times.items()}
+  result = {
+      "date": time.strftime("%Y-%m-%d"),
+      "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, jax backend "
+                 f"{jax.default_backend()}, Python {platform.python_version()}",
+      "load_average_1min": round(os.getloadavg()[0], 1),
+      "jax": jax.__version__, "steps": ns.steps, "repeats": ns.repeats,
+      "tokens_per_step": first.data.batch_size * first.data.seq_len,
+      "tokens_per_s": {k: round(v, 1) for k, v in tok_s.items()},
+      "ratio_lngram_over_baseline": round(tok_s["lm_lngram"] / tok_s["lm_baseline"], 3),
+  }
+  print(json.dumps(result, indent=1))
+  return result
+
+
+if __name__ == "__main__":
+  main()
