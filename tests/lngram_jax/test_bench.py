@@ -1,0 +1,52 @@
+"""The benchmark runs end to end on a microscopic shape, so it cannot rot."""
+
+import json
+
+import pytest
+
+from lngram_jax import bench
+
+
+def test_main_runs_on_tiny_shape_and_writes_json(tmp_path, capsys):
+  path = tmp_path / "bench.json"
+  # One layer variant keeps the compile count (and the test) small.
+  result = bench.main(["--shape", "tiny", "--repeats", "1", "--readouts", "absorbed",
+                       "--surrogates", "onebit", "--json", str(path)])
+  out = capsys.readouterr().out
+  rows = result["rows"]
+  assert set(rows) == {"dense decoder layer", "lngram absorbed / onebit",
+                       "readout only: literal", "readout only: absorbed"}
+  for name, row in rows.items():
+    assert row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0, name
+    assert f"| {name} |" in out
+  assert rows["dense decoder layer"]["fwd_vs_dense"] == 1.0
+  names = [t["name"] for t in result["targets"]]
+  assert len(names) == 2 and all(("PASS: " + n in out) or ("FAIL: " + n in out) for n in names)
+  saved = json.loads(path.read_text())
+  assert saved["shape_name"] == "tiny" and saved["rows"].keys() == rows.keys()
+
+
+def _row(fwd, fwd_bwd, dense=(1.0, 1.0)):
+  return {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_ms": fwd_bwd - fwd,
+          "fwd_vs_dense": fwd / dense[0], "fwd_bwd_vs_dense": fwd_bwd / dense[1]}
+
+
+@pytest.mark.parametrize("literal_fb, onebit_fb, none_fb, dense, expected", [
+    (3.0, 2.0, 1.5, (2.0, 4.0), [True, True, True]),   # 3x, bwd 1.0 vs 0.5, 0.5x/0.5x
+    (2.9, 2.5, 1.5, (0.9, 4.0), [False, False, False]),  # 2.9x, bwd 1.5 vs 0.5, fwd 1.1x
+])
+def test_targets_use_the_issue_thresholds(literal_fb, onebit_fb, none_fb, dense, expected):
+  rows = {
+      "readout only: literal": _row(0.5, literal_fb),
+      "readout only: absorbed": _row(0.2, 1.0),
+      "lngram absorbed / onebit": _row(1.0, onebit_fb, dense),
+      "lngram absorbed / none": _row(1.0, none_fb, dense),
+  }
+  assert [t["passed"] for t in bench.check_targets(rows)] == expected
+
+
+def test_bad_flags_are_rejected():
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--readouts", "fastest"])
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--repeats", "0"])
