@@ -26,6 +26,13 @@ ORDERS = (2, 3)
 NAMES = ("o", "lse", "q", "logits", "tables", "mem_norm", "w_k", "w_v", "sink_logit")
 
 
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+  """On GPUs XLA may run float32 dots as TF32; the comparisons here want float32."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 def _inputs(dtype):
   ks = jax.random.split(jax.random.key(0), 9)
   D = len(ORDERS) * DM

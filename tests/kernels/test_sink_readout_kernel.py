@@ -44,6 +44,13 @@ TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 _REFERENCE = functools.partial(sink_readout_reference, scale=SCALE)
 
 
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+  """On GPUs XLA may run float32 dots as TF32; the comparisons here want float32."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 def _inputs(N, Hq, R, D, dtype, seed=0):
   kq, km, ko, kl = jax.random.split(jax.random.key(seed), 4)
   q = jax.random.normal(kq, (N, Hq, D), jnp.float32).astype(dtype)

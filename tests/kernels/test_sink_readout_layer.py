@@ -21,6 +21,13 @@ CONFIG = LngramConfig(d_model=16, routes=5, bits=2, orders=(2, 3), mem_dim=8, q_
                       kv_heads=2, head_dim=4, readout="absorbed")
 
 
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+  """On GPUs XLA may run float32 dots as TF32; the comparisons here want float32."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 def _model(config):
   model = LngramV2(config, rngs=nnx.Rngs(0))
   k_o, k_c = jax.random.split(jax.random.key(1))
