@@ -59,9 +59,12 @@ class BlockSizes:
   def get_default(cls, implementation: str, route_dim: int = 256) -> BlockSizes:
     """Defaults per implementation; route_dim (D) sets the register budget."""
     if implementation == "mosaic_tpu":
-      return cls(block_n=8, block_r=512)
-    # Triton: the backward holds q, dout, dq [Hq, D] and mem, dmem [block_r, D]
-    # in registers, so it takes half the routes of the forward.
+      # Untuned (no TPU measurements yet); sized so that the backward's double-
+      # buffered mem and dmem blocks stay within a few MiB of VMEM at D = 512.
+      return cls(block_n=8, block_r=256, block_n_bwd=4, block_r_bwd=256)
+    # Triton (untuned: `python -m kernels.bench --sweep` compares a few): the
+    # backward holds q, dout, dq [Hq, D] and mem, dmem [block_r, D] in
+    # registers, so it takes half the routes of the forward.
     if route_dim > 256:
       return cls(block_n=1, block_r=32, block_r_bwd=16, num_warps=8)
     return cls(block_n=1, block_r=64, block_r_bwd=32, num_warps=4)
