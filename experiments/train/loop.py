@@ -31,7 +31,7 @@ from flax import nnx
 
 from experiments.checkpoint.manager import Checkpointer
 from experiments.configs.base import corpus_spec, lm_config
-from experiments.data import TrainIterator, eval_batches, load_corpus, write_manifest
+from experiments.data import load_corpus, write_manifest
 from experiments.models import DecoderLM
 from experiments.train import optimizer as optim_lib
 from experiments.train import step as step_lib
@@ -81,6 +81,10 @@ def train(config, workdir, *, callback=None) -> dict:
   tc, dc = config.train, config.data
   total = int(tc.steps)
   lm_cfg = lm_config(config)
+
+  # grain is imported here, not at module level: notebooks and machines
+  # without grain still import this package (restore, evaluate, metrics).
+  from experiments.data.pipeline import TrainIterator, eval_batches
 
   corpus = load_corpus(corpus_spec(config))
   write_manifest(corpus, workdir)

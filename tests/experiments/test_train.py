@@ -1,6 +1,7 @@
 """Training: smoke run + restore, exact resume, NaN guard, optimiser groups, metrics."""
 
 import hashlib
+import importlib.util
 import json
 import math
 import signal
@@ -31,7 +32,8 @@ def test_smoke_train_save_restore(smoke_run):
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
   assert any("eval/bits_per_byte" in r and "lngram/1/effective_codes" in r for r in rows)
   assert (workdir / "loss_curve.png").stat().st_size > 0
-  assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+  if importlib.util.find_spec("tensorboardX") is not None:  # in the dev extra
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
   manifest = json.loads((workdir / "corpus_manifest.json").read_text())
   assert manifest["source"] == "stdlib" and manifest["train_files"] == 12
 
