@@ -89,7 +89,11 @@ def _setup_logging():
   ours.setLevel(logging.INFO)
   if not ours.handlers:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    fmt = "%(asctime)s %(message)s"
+    if sys.stderr.isatty():
+      # Erase the progress bar being redrawn in place; it reappears on the next step.
+      fmt = "\r\x1b[K" + fmt
+    handler.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
     ours.addHandler(handler)
     ours.propagate = False
 
