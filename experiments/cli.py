@@ -5,6 +5,11 @@
     lngram-exp eval    --workdir=runs/x [--step=N]
     lngram-exp sample  --workdir=runs/x --prompt='def ' [--max_new_tokens=200 --top_k=20]
     lngram-exp configs
+    lngram-exp analyze --workdir=runs/vlm_x [--n=32]   (VLM runs: attention decay, accuracy
+                       by length, LogitLens; JSON + PNG into the run directory)
+
+A config with a `vlm` block (experiments/configs/vlm_*.py) trains a VLM stage
+(experiments.vlm.run).
 
 Also `python -m experiments ...`. The logic lives in importable libraries
 (experiments.train, experiments.checkpoint); this file only parses flags.
@@ -18,7 +23,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-COMMANDS = ("train", "eval", "sample", "configs")
+COMMANDS = ("train", "eval", "sample", "configs", "analyze")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, `path.py[:arg]`; override fields with "
@@ -32,6 +37,7 @@ _TOP_K = flags.DEFINE_integer("top_k", None, "sample: keep the k most likely byt
 _GREEDY = flags.DEFINE_bool("greedy", False, "sample: argmax decoding.")
 _SEED = flags.DEFINE_integer("seed", 0, "sample: PRNG seed.")
 _CACHE = flags.DEFINE_bool("cache", True, "sample: KV cache + Lngram decode state.")
+_N_ANALYZE = flags.DEFINE_integer("n", 32, "analyze: validation scenes to analyse.")
 
 
 def _run(argv):
@@ -48,6 +54,11 @@ def _run(argv):
     raise app.UsageError(f"lngram-exp {command} needs --workdir.")
   if command == "train":
     return _train()
+  if command == "analyze":
+    from experiments.vlm.run import analyze
+    out = analyze(_WORKDIR.value, n=_N_ANALYZE.value)
+    print(f"wrote {sorted(out)} (.json, .png) into {_WORKDIR.value}")
+    return 0
   if command == "eval":
     from experiments.train.evaluate import evaluate_run
     metrics = evaluate_run(_WORKDIR.value, step=_STEP.value)
@@ -68,6 +79,11 @@ def _run(argv):
 def _train():
   if _CONFIG.value is None:
     raise app.UsageError("lngram-exp train needs --config=<file.py[:arg]>.")
+  if "vlm" in _CONFIG.value:
+    from experiments.vlm.run import run_stage
+    metrics = run_stage(_CONFIG.value, _WORKDIR.value)
+    print(f"done: VLM {metrics['stage']}, validation {metrics['eval']['overall']}")
+    return 0
   from experiments.train import train
   result = train(_CONFIG.value, _WORKDIR.value)
   if result["interrupted"]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from experiments.vlm.data import EOS, LENGTH_GROUPS, decode, item_correct, length_group
 from experiments.vlm.generate import completion_mask, generate
@@ -56,8 +57,15 @@ def _forward_aux(model, pb, tokens_BxN):
     seq[b, :L] = pb["tokens"][b, :L]
     seq[b, L:L + N] = tokens_BxN[b]
   valid = np.arange(T + N)[None, :] < (pb["lengths"] + N)[:, None]
-  return model(jnp.asarray(pb["images"]), jnp.asarray(seq), valid=jnp.asarray(valid),
-               return_aux=True)
+  return _jit_forward_aux(model, jnp.asarray(pb["images"]), jnp.asarray(seq), jnp.asarray(valid))
+
+
+@nnx.jit
+def _jit_forward_aux(model, images, seq, valid):
+  logits, aux = model(images, seq, valid=valid, return_aux=True)
+  # LogitLens logits of every layer, inside the same program.
+  aux["layer_logits"] = [model.lm.logits(h) for h in aux["hidden"]]
+  return logits, aux
 
 
 def _query_positions(model, pb, N):
@@ -167,8 +175,8 @@ def logit_lens(model, data, *, n: int = 16, max_new_tokens: int = 96,
     q = _query_positions(model, pb, tokens.shape[1])
     rows = np.arange(len(idx))[:, None]
     logp_final = jax.nn.log_softmax(logits[rows, q], axis=-1)
-    for layer, h in enumerate(aux["hidden"]):
-      logp_l = jax.nn.log_softmax(model.lm.logits(h)[rows, q], axis=-1)
+    for layer, layer_logits in enumerate(aux["layer_logits"]):
+      logp_l = jax.nn.log_softmax(layer_logits[rows, q], axis=-1)
       kl = np.asarray(jnp.sum(jnp.exp(logp_final) * (logp_final - logp_l), axis=-1))
       kl_sum[layer] += (kl * live).sum()
     tot += live.sum()

@@ -29,7 +29,7 @@ def vlm_base_config() -> ml_collections.ConfigDict:
       mlp_dim=0,
       # scenes
       rows=3, cols=3, glyph_size=16, min_objects=1, max_objects=0, scene_seed=0,
-      task="mix", filler_per_item=0, n_train=2000, eval_n=64, eval_max_new_tokens=200,
+      data_dir="", task="mix", filler_per_item=0, n_train=2000, eval_n=64, eval_max_new_tokens=200,
       grpo=dict(group_size=8, prompts_per_step=2, max_new_tokens=200, lr=1e-6, clip_eps=0.2,
                 kl_coef=0.0, temperature=1.0),
   )

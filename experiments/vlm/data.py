@@ -3,7 +3,8 @@
 Text is UTF-8 bytes (vocabulary 256); byte 0 never occurs in the texts and
 serves as end-of-sequence and padding. A row is [prompt | target | EOS | pad];
 the loss covers the target and its EOS. Images come from
-`pvm_jax.data.load_split`, rendered once and cached in `<run_dir>/data`.
+`pvm_jax.data.load_split`, rendered once and cached in a directory
+(`<run_dir>/data` unless the config's vlm.data_dir says otherwise).
 """
 
 from __future__ import annotations
@@ -44,11 +45,10 @@ def length_group(k: int, k_max: int) -> str:
 class SceneData:
   """One split of scenes with images and tokenised examples of one task."""
 
-  def __init__(self, run_dir, scene_config: SceneConfig, split: str, n: int, *, seed: int = 0,
-               task: str = "caption", filler_per_item: int = 0):
+  def __init__(self, cache_dir, scene_config: SceneConfig, split: str, n: int, *,
+               seed: int = 0, task: str = "caption", filler_per_item: int = 0):
     self.scene_config = scene_config
-    self.scenes, self.images = load_split(Path(run_dir) / "data", scene_config, split, n,
-                                          seed=seed)
+    self.scenes, self.images = load_split(Path(cache_dir), scene_config, split, n, seed=seed)
     if task not in ("caption", "count", "mix"):
       raise ValueError(f"SceneData: task={task!r} is not 'caption', 'count' or 'mix'.")
     self.task = task

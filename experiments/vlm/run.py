@@ -66,7 +66,9 @@ def scene_config(config) -> SceneConfig:
 
 def split_data(config, workdir, split: str, n: int, task: str | None = None) -> SceneData:
   v = config.vlm
-  return SceneData(workdir, scene_config(config), split, n, seed=v.scene_seed,
+  # Scenes are rendered once into data_dir (default <workdir>/data) and reused.
+  cache_dir = Path(v.data_dir) if v.get("data_dir") else Path(workdir) / "data"
+  return SceneData(cache_dir, scene_config(config), split, n, seed=v.scene_seed,
                    task=task or v.task, filler_per_item=v.filler_per_item)
 
 

