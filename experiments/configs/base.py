@@ -28,7 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
       max_len=1024, rope_theta=10000.0, tie_embeddings=True, dtype="float32",
       param_dtype="float32", remat=False, norm_eps=1e-6, lngram_layers=(),
       lngram=dict(routes=16, bits=4, orders=(2, 3), mem_dim=32, q_heads=4, kv_heads=2,
-                  head_dim=32, sink_mass=0.5, surrogate="exact", readout="absorbed"))
+                  head_dim=32, sink_mass=0.5, surrogate="onebit", readout="absorbed"))
   c.data = dict(path="", val_fraction=0.05, max_files=0, seq_len=128, batch_size=16,
                 seed=0, eval_batches=16)
   c.optim = dict(lr=3e-3, table_lr_mult=4.0, weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8,

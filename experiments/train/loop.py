@@ -103,8 +103,8 @@ def train(config, workdir, *, callback=None) -> dict:
   if ckpt.latest_step() is not None:
     state, rng, start = _resume(ckpt, state, data, meta_config)
   log.info("run %s: %s; corpus %d train / %d validation bytes; groups %s",
-               workdir, f"resuming at step {start}" if start else "new",
-               corpus.train_bytes, corpus.val_bytes, optim_lib.group_sizes(params))
+           workdir, f"resuming at step {start}" if start else "new",
+           corpus.train_bytes, corpus.val_bytes, optim_lib.group_sizes(params))
 
   train_step = step_lib.make_train_step(
       graphdef, tx, optim_lib.learning_rate_schedule(config.optim, total))
@@ -143,7 +143,7 @@ def train(config, workdir, *, callback=None) -> dict:
           last_eval = step_lib.evaluate(eval_step, state["params"], val_batches)
           writer.write(step, last_eval)
           log.info("step %d: validation %.4f bits/byte", step,
-                       last_eval["eval/bits_per_byte"])
+                   last_eval["eval/bits_per_byte"])
         if step % tc.ckpt_every == 0 or step == total or stop.requested:
           save(step)
         if stop.requested:

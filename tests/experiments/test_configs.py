@@ -39,7 +39,9 @@ def test_lngram_args():
   assert model.lngram.routes == 64 and model.lngram.surrogate == "onebit"
   assert model.lngram_layers == (1, 2) and model.lngram.d_model == model.d_model
   default = lm_config(load_config("experiments/configs/lm_lngram.py"))
-  assert default.lngram.routes == 16 and default.lngram.surrogate == "exact"
+  assert default.lngram.routes == 16 and default.lngram.surrogate == "onebit"
+  assert lm_config(load_config("experiments/configs/lm_lngram.py:exact")).lngram.surrogate == (
+      "exact")
   assert lm_config(load_config("experiments/configs/lm_baseline.py")).lngram is None
   with pytest.raises(ValueError, match="unknown config arg 'r1x'"):
     load_config("experiments/configs/lm_lngram.py:r1x")
