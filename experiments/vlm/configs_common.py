@@ -21,6 +21,9 @@ def vlm_base_config() -> ml_collections.ConfigDict:
   c.train.update(steps=400, log_every=20)
   c.vlm = dict(
       stage="pretrain", init_from="", trainable="all",
+      # stage 0 only: weight of the per-cell class loss on the encoder's patch features
+      # (experiments/vlm/cell_loss.py); 0 = captions/counting only, the first recipe
+      cell_loss_weight=1.0,
       # encoder: 48x48 images, one 16x16 patch per grid cell -> 9 visual tokens
       patch_size=16, vit_dim=64, vit_layers=2, vit_heads=2, vit_ffn=128,
       # branch

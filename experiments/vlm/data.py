@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.vlm.cell_loss import cell_labels
 from pvm_jax.data import SceneConfig, example, load_split
+from pvm_jax.data.emoji_classes import CLASS_NAMES
 from pvm_jax.data.emoji_scenes import caption_items
 
 EOS = 0
@@ -66,9 +68,10 @@ class SceneData:
     return len(self.scenes)
 
   def batch(self, idx, text_len: int | None = None) -> dict:
-    """Training rows: images, tokens [B, T], valid [B, T], loss_mask [B, T].
+    """Training rows: images, tokens [B, T], valid [B, T], loss_mask [B, T], cell_labels.
 
-    loss_mask[b, j] marks tokens j that are predicted (target bytes and EOS).
+    loss_mask[b, j] marks tokens j that are predicted (target bytes and EOS);
+    cell_labels [B, rows·cols] is each grid cell's class (len(CLASS_NAMES) = empty).
     """
     T = self.max_text if text_len is None else text_len
     idx = np.asarray(idx)
@@ -82,7 +85,8 @@ class SceneData:
       valid[r, :len(row)] = True
       loss_mask[r, len(p):len(row)] = True
     return {"images": self.images[idx], "tokens": tokens, "valid": valid,
-            "loss_mask": loss_mask}
+            "loss_mask": loss_mask,
+            "cell_labels": cell_labels([self.scenes[i] for i in idx], len(CLASS_NAMES))}
 
   def prompt_batch(self, idx) -> dict:
     """Right-padded prompts for generation: tokens [B, Tp], lengths [B]."""

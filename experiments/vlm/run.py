@@ -29,6 +29,7 @@ from experiments.vlm.grpo import grpo_train
 from experiments.vlm.model import VLM
 from pvm_jax.config import PVMConfig
 from pvm_jax.data import SceneConfig
+from pvm_jax.data.emoji_classes import CLASS_NAMES
 from pvm_jax.layers import select_layers
 
 log = logging.getLogger("experiments.vlm")
@@ -110,7 +111,9 @@ def run_stage(config, workdir) -> dict:
         model, data, trainable=v.trainable, steps=config.train.steps,
         batch_size=config.data.batch_size, lr=config.optim.lr,
         weight_decay=config.optim.weight_decay, seed=config.train.seed,
-        log_every=config.train.log_every, log=say)}
+        log_every=config.train.log_every, log=say,
+        cell_loss_weight=v.get("cell_loss_weight", 0.0) if v.stage == "pretrain" else 0.0,
+        n_classes=len(CLASS_NAMES))}
   train_s = time.time() - t0
   train_lib.save_params(model, workdir / "params.npz")
   eval_task = "caption" if v.task == "caption" else "count"

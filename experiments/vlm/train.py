@@ -24,6 +24,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from experiments.vlm.cell_loss import CellPretrainer
+
 TRAINABLE = {
     "all": lambda path: True,
     "branch": lambda path: path.startswith("branches/"),
@@ -103,13 +105,25 @@ def make_step(graphdef, tx, loss_fn=lm_loss):
 
 
 def fit(model, data, *, trainable: str, steps: int, batch_size: int, lr: float, seed: int = 0,
-        weight_decay: float = 0.0, log_every: int = 10, log=print):
-  """Supervised training (stage 0 or Stage I) in place; returns the loss history."""
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        weight_decay: float = 0.0, log_every: int = 10, log=print, cell_loss_weight: float = 0.0,
+        n_classes: int = 0):
+  """Supervised training (stage 0 or Stage I) in place; returns the loss history.
+
+  cell_loss_weight > 0 (stage 0 only, trainable "all") adds the per-cell class
+  loss of experiments.vlm.cell_loss; the batches must then hold "cell_labels".
+  """
+  trained, loss_fn = model, lm_loss
+  if cell_loss_weight > 0:
+    if trainable != "all":
+      raise ValueError(f"fit: cell_loss_weight={cell_loss_weight} needs trainable='all', "
+                       f"got {trainable!r}.")
+    trained = CellPretrainer(model, n_classes, cell_loss_weight, rngs=nnx.Rngs(seed + 1))
+    loss_fn = (lambda t, batch: t.loss(batch, lm_loss))
+  graphdef, params, rest = nnx.split(trained, nnx.Param, ...)
   tx = make_optimizer(params, trainable=trainable, schedule=cosine_schedule(lr, steps),
                       weight_decay=weight_decay)
   opt_state = tx.init(params)
-  step = make_step(graphdef, tx)
+  step = make_step(graphdef, tx, loss_fn)
   rng = np.random.default_rng(seed)
   history, t0 = [], time.time()
   for i in range(steps):
@@ -118,7 +132,7 @@ def fit(model, data, *, trainable: str, steps: int, batch_size: int, lr: float, 
     history.append(float(loss))
     if log is not None and (i % log_every == 0 or i == steps - 1):
       log(f"step {i:5d}  loss {history[-1]:.4f}  {time.time() - t0:.1f}s")
-  nnx.update(model, params)
+  nnx.update(trained, params)
   return history
 
 

@@ -82,3 +82,58 @@ def test_grpo_objective_by_hand():
   want_kl = -np.mean((per * m).sum(1) / m.sum(1))
   got_kl = grpo_objective(logp, old, adv, mask, clip_eps=0.2, kl_coef=0.5, ref_logp_BxN=old)
   np.testing.assert_allclose(float(got_kl), want_kl, rtol=1e-5)
+
+
+def test_cell_labels_and_cell_class_loss_by_hand():
+  from experiments.vlm.cell_loss import cell_class_loss, cell_labels
+  from pvm_jax.data.emoji_scenes import Scene
+
+  scenes = [Scene(rows=2, cols=2, cells=(0, 3), classes=(2, 1), category=0),
+            Scene(rows=2, cols=2, cells=(1,), classes=(0,), category=0)]
+  labels = cell_labels(scenes, n_classes=3)   # 3 = empty
+  np.testing.assert_array_equal(labels, [[2, 3, 3, 1], [3, 0, 3, 3]])
+  # Features e_n one-hot in a 4-wide space, identity head into 4 classes, bias 0:
+  # logit row = 5 · onehot(j) when feature j is on.
+  feats = np.zeros((2, 4, 4), np.float32)
+  feats[0, :, :] = np.eye(4)[[2, 3, 0, 1]]   # image 0 predicts 2, 3, 0, 1
+  feats[1, :, :] = np.eye(4)[[3, 0, 3, 3]]   # image 1 predicts its labels exactly
+  w = 5.0 * np.eye(4, dtype=np.float32)
+  right = np.log(1 + 3 * np.exp(-5.0))       # CE when the label holds the 5
+  wrong = 5.0 + np.log(1 + 3 * np.exp(-5.0))  # CE when another class holds it
+  # image 0: cells 0, 1 right (2, 3); cell 2 predicts 0 but label 3; cell 3 right (1).
+  want = (3 * right + wrong + 4 * right) / 8
+  got = cell_class_loss(jnp.asarray(feats), jnp.asarray(w), jnp.zeros(4), jnp.asarray(labels))
+  np.testing.assert_allclose(float(got), want, rtol=1e-6)
+  # Zero weights: uniform logits, log(4) everywhere; a bias of +5 on class 3 then makes
+  # the 5 empty cells "right" and the 3 object cells "wrong".
+  zeros = jnp.zeros((4, 4))
+  got0 = cell_class_loss(jnp.asarray(feats), zeros, jnp.zeros(4), jnp.asarray(labels))
+  np.testing.assert_allclose(float(got0), np.log(4.0), rtol=1e-6)
+  got_b = cell_class_loss(jnp.asarray(feats), zeros, jnp.array([0, 0, 0, 5.0]),
+                          jnp.asarray(labels))
+  np.testing.assert_allclose(float(got_b), (5 * right + 3 * wrong) / 8, rtol=1e-6)
+
+
+def test_stage0_cell_loss_is_caption_plus_weighted_cell_loss_and_head_is_not_saved():
+  from experiments.vlm.cell_loss import CellPretrainer
+
+  config = VLMConfig(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1,
+                     vit_heads=2, vit_ffn=32)
+  data = RandomData()
+  labels = np.random.default_rng(1).integers(0, 4, (len(data), 4)).astype(np.int32)
+  base_batch = data.batch
+  data.batch = lambda idx: {**base_batch(idx), "cell_labels": labels[idx]}
+  model = VLM(config, rngs=nnx.Rngs(0))
+  keys = set(flat_params(nnx.state(model, nnx.Param)))
+  batch = {k: jnp.asarray(v) for k, v in data.batch(np.arange(4)).items()}
+  trainer = CellPretrainer(model, 3, 0.5, rngs=nnx.Rngs(1))
+  from experiments.vlm.cell_loss import cell_class_loss
+  from experiments.vlm.train import lm_loss
+  want = float(lm_loss(model, batch)) + 0.5 * float(cell_class_loss(
+      model.encoder(batch["images"]), trainer.w_head[...], trainer.b_head[...],
+      batch["cell_labels"]))
+  np.testing.assert_allclose(float(trainer.loss(batch, lm_loss)), want, rtol=1e-6)
+  losses = fit(model, data, trainable="all", steps=3, batch_size=4, lr=1e-2, log=None,
+               cell_loss_weight=0.5, n_classes=3)
+  assert np.isfinite(losses).all()
+  assert set(flat_params(nnx.state(model, nnx.Param))) == keys   # no head in the VLM
