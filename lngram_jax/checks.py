@@ -28,3 +28,16 @@ def check_mask(name: str, mask, shape: tuple[int, ...]) -> None:
   if tuple(mask.shape) != tuple(shape):
     raise ValueError(
         f"{name} must have shape {tuple(shape)} ([B, T]); got {tuple(mask.shape)}.")
+
+
+def check_layer_inputs(d_model: int, h_BxTxD, segment_ids=None, valid=None) -> None:
+  """The inputs of one Lngram layer call (plain or sharded)."""
+  check_rank("h", h_BxTxD, 3, "[B, T, d]")
+  check_float("h", h_BxTxD)
+  if h_BxTxD.shape[-1] != d_model:
+    raise ValueError(f"h last dim {h_BxTxD.shape[-1]} != d_model={d_model}.")
+  B, T = h_BxTxD.shape[:2]
+  check_mask("segment_ids", segment_ids, (B, T))
+  check_mask("valid", valid, (B, T))
+  if segment_ids is not None:
+    check_int("segment_ids", segment_ids)

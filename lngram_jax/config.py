@@ -153,6 +153,29 @@ class LngramConfig:
   def replace(self, **changes) -> LngramConfig:
     return dataclasses.replace(self, **changes)
 
+  def to_dict(self) -> dict:
+    """A JSON-serialisable dict (dtypes by name): checkpoints store this."""
+    d = dataclasses.asdict(self)
+    d["orders"] = list(self.orders)
+    d["dtype"] = jnp.dtype(self.dtype).name
+    d["param_dtype"] = jnp.dtype(self.param_dtype).name
+    return d
+
+  @classmethod
+  def from_dict(cls, d: dict) -> LngramConfig:
+    """Inverse of `to_dict`; unknown fields are an error, not silently dropped."""
+    d = dict(d)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"LngramConfig.from_dict: unknown fields {unknown}.")
+    for key in ("dtype", "param_dtype"):
+      if key in d:
+        d[key] = jnp.dtype(d[key])
+    if "orders" in d:
+      d["orders"] = tuple(d["orders"])
+    return cls(**d)
+
 
 def sink_logit(routes: int, sink_mass: float) -> float:
   """The fixed sink logit b0 = log(R(1-μ0)/μ0) (paper §2.4)."""

@@ -140,15 +140,7 @@ class LngramV2(nnx.Module):
     real routes (1 - sink mass); logits [B, T, R, M].
     """
     c = self.config
-    checks.check_rank("h", h_BxTxD, 3, "[B, T, d]")
-    checks.check_float("h", h_BxTxD)
-    if h_BxTxD.shape[-1] != c.d_model:
-      raise ValueError(f"h last dim {h_BxTxD.shape[-1]} != d_model={c.d_model}.")
-    B, T = h_BxTxD.shape[:2]
-    checks.check_mask("segment_ids", segment_ids, (B, T))
-    checks.check_mask("valid", valid, (B, T))
-    if segment_ids is not None:
-      checks.check_int("segment_ids", segment_ids)
+    checks.check_layer_inputs(c.d_model, h_BxTxD, segment_ids, valid)
     h_BxTxD = h_BxTxD.astype(c.dtype)
     logits_BxTxRxM = self.router_logits(h_BxTxD)
     if c.readout == "pallas_fused":

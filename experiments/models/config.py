@@ -137,21 +137,8 @@ class LMConfig:
 
 
 def _lngram_to_dict(c: LngramConfig) -> dict:
-  d = dataclasses.asdict(c)
-  d["orders"] = list(c.orders)
-  d["dtype"] = jnp.dtype(c.dtype).name
-  d["param_dtype"] = jnp.dtype(c.param_dtype).name
-  return d
+  return c.to_dict()
 
 
 def _lngram_from_dict(d: dict) -> LngramConfig:
-  d = dict(d)
-  known = {f.name for f in dataclasses.fields(LngramConfig)}
-  unknown = sorted(set(d) - known)
-  if unknown:
-    raise ValueError(f"LngramConfig from dict: unknown fields {unknown}.")
-  for key in ("dtype", "param_dtype"):
-    if key in d:
-      d[key] = jnp.dtype(d[key])
-  d["orders"] = tuple(d.get("orders", LngramConfig.orders))
-  return LngramConfig(**d)
+  return LngramConfig.from_dict(d)

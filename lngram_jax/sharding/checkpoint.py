@@ -17,11 +17,9 @@ directory here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
@@ -33,24 +31,11 @@ from lngram_jax.sharding.mesh import ShardingConfig, layer_param_shardings
 
 
 def config_to_json(config: LngramConfig) -> dict:
-  d = dataclasses.asdict(config)
-  d["orders"] = list(config.orders)
-  d["dtype"] = jnp.dtype(config.dtype).name
-  d["param_dtype"] = jnp.dtype(config.param_dtype).name
-  return d
+  return config.to_dict()
 
 
 def config_from_json(d: dict) -> LngramConfig:
-  d = dict(d)
-  known = {f.name for f in dataclasses.fields(LngramConfig)}
-  unknown = sorted(set(d) - known)
-  if unknown:
-    raise ValueError(f"checkpoint config has unknown LngramConfig fields {unknown}.")
-  for key in ("dtype", "param_dtype"):
-    if key in d:
-      d[key] = jnp.dtype(d[key])
-  d["orders"] = tuple(d["orders"])
-  return LngramConfig(**d)
+  return LngramConfig.from_dict(d)
 
 
 def _absolute(path) -> str:

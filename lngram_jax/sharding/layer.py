@@ -120,15 +120,8 @@ def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: Shard
   """Run `layer` (any `LngramV2`, its arrays on `mesh` or not) under shard_map."""
   c = layer.config
   s = sharding
-  checks.check_rank("h", h_BxTxD, 3, "[B, T, d]")
-  checks.check_float("h", h_BxTxD)
-  if h_BxTxD.shape[-1] != c.d_model:
-    raise ValueError(f"h last dim {h_BxTxD.shape[-1]} != d_model={c.d_model}.")
+  checks.check_layer_inputs(c.d_model, h_BxTxD, segment_ids, valid)
   B, T = h_BxTxD.shape[:2]
-  checks.check_mask("segment_ids", segment_ids, (B, T))
-  checks.check_mask("valid", valid, (B, T))
-  if segment_ids is not None:
-    checks.check_int("segment_ids", segment_ids)
   check_layout(c, mesh, s, (B, T))
   params = nnx.to_pure_dict(nnx.state(layer))
   present = lambda name: name if name in mesh.axis_names else None
