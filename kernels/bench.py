@@ -5,6 +5,7 @@
     python -m kernels.bench --shape tiny    # CPU smoke run (tiny shapes, seconds)
     python -m kernels.bench --sweep         # also try a few Pallas block sizes
     python -m kernels.bench --forms pallas  # a subset of literal,absorbed,pallas,pallas_fused
+    python -m kernels.bench --json out.json # also the rows as JSON (rewritten after each table)
 
 Readout rows take (q [N, Hq, dh], x̂ [N, R, D], W_K, W_V [D, Hkv, dh]) as
 [B=1, T=N] arrays in bfloat16 (dh = 128) and time forward and forward +
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import time
 
@@ -147,7 +149,9 @@ def readout_fns(form, b0):
   return forward, both
 
 
-def bench_readout(shape, forms, *, dtype, repeats, inner):
+def bench_readout(shape, forms, *, dtype, repeats, inner, record=None):
+  """Prints one table; appends its rows to `record` (a list) when given."""
+  record = [] if record is None else record
   args, g_o = readout_inputs(shape, dtype)
   mem = args[1]
   floor_bytes = mem.size * mem.dtype.itemsize
@@ -168,16 +172,23 @@ def bench_readout(shape, forms, *, dtype, repeats, inner):
       fwd_bwd = time_ms(both, args, g_o, repeats=repeats, inner=inner)
       peak = compiled_peak_gib(both)
     except Exception as e:  # one failing form must not hide the others
-      print(f"| {name} | error: {type(e).__name__}: {str(e).splitlines()[0][:160]} |")
+      error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      print(f"| {name} | error: {error} |")
+      record.append(dict(table=f"readout {shape.name}", form=name, error=error))
       continue
     print(f"| {name} | {fwd:.3f} | {fwd_bwd:.3f} | {floor_bytes / (fwd * 1e-3) / 1e9:.0f} |"
           f" {fwd / floor_ms:.2f} | {peak:.2f} | {device_peak_gib()} |")
+    record.append(dict(table=f"readout {shape.name}", form=name, shape=dataclasses.asdict(shape),
+                       fwd_ms=fwd, fwd_bwd_ms=fwd_bwd, floor_ms=floor_ms,
+                       copy_gbs=bandwidth, compiled_gib=peak, device_gib=device_peak_gib()))
 
 
 # --- the whole layer ---------------------------------------------------------------
 
 
-def bench_layer(spec, readouts, *, repeats, inner):
+def bench_layer(spec, readouts, *, repeats, inner, record=None):
+  """Prints one table; appends its rows to `record` (a list) when given."""
+  record = [] if record is None else record
   base, B, T = spec["config"], spec["batch"], spec["time"]
   c = base
   print(f"\n### LngramV2 layer: d={c.d_model} r{c.routes}/m{c.bits}/KV{c.kv_heads}/"
@@ -209,9 +220,14 @@ def bench_layer(spec, readouts, *, repeats, inner):
       fwd_bwd = time_ms(both, params, h, g, repeats=repeats, inner=inner)
       peak = compiled_peak_gib(both)
     except Exception as e:
-      print(f"| {readout} | error: {type(e).__name__}: {str(e).splitlines()[0][:160]} |")
+      error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      print(f"| {readout} | error: {error} |")
+      record.append(dict(table="layer", readout=readout, error=error))
       continue
     print(f"| {readout} | {fwd:.3f} | {fwd_bwd:.3f} | {peak:.2f} | {device_peak_gib()} |")
+    record.append(dict(table="layer", readout=readout, d_model=c.d_model, routes=c.routes,
+                       batch=B, time=T, dtype=jnp.dtype(c.dtype).name, fwd_ms=fwd,
+                       fwd_bwd_ms=fwd_bwd, compiled_gib=peak, device_gib=device_peak_gib()))
 
 
 def main(argv=None):
@@ -225,6 +241,9 @@ def main(argv=None):
                            " (pallas_fused: layer rows only)")
   parser.add_argument("--sweep", action="store_true",
                       help="also time the Pallas readout with the block sizes in SWEEP")
+  parser.add_argument("--json", default=None, metavar="PATH",
+                      help="also write the rows here (rewritten after each table, so a run"
+                           " cut short keeps the tables it finished)")
   args = parser.parse_args(argv)
   wanted = args.forms.split(",")
   unknown = set(wanted) - {"literal", "absorbed", "pallas", "pallas_fused"}
@@ -233,6 +252,15 @@ def main(argv=None):
 
   platform = jax.devices()[0].platform
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind} ({platform})")
+  rows = []
+
+  def save():
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(dict(jax_version=jax.__version__, platform=platform,
+                       device_kind=jax.devices()[0].device_kind, shape=args.shape,
+                       repeats=repeats, inner=inner, rows=rows), f, indent=2)
+
   if platform == "cpu":
     print("NOTE: on CPU the Pallas kernels run in interpret mode; their times measure the"
           " interpreter and mean nothing. Use this only as a smoke run.")
@@ -248,11 +276,14 @@ def main(argv=None):
   if args.shape in ("all", "layer", "tiny"):
     layer_readouts = [r for r in ("pallas_fused", "pallas", "absorbed", "literal")
                       if r in wanted]
-    bench_layer(TINY_LAYER if tiny else LAYER, layer_readouts, repeats=repeats, inner=inner)
+    bench_layer(TINY_LAYER if tiny else LAYER, layer_readouts, repeats=repeats, inner=inner,
+                record=rows)
+    save()
   shapes = ([TINY_READOUT] if tiny else list(READOUT_SHAPES.values()) if args.shape == "all"
             else [READOUT_SHAPES[args.shape]] if args.shape in READOUT_SHAPES else [])
   for shape in shapes:
-    bench_readout(shape, forms, dtype=jnp.bfloat16, repeats=repeats, inner=inner)
+    bench_readout(shape, forms, dtype=jnp.bfloat16, repeats=repeats, inner=inner, record=rows)
+    save()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """`python -m kernels.bench --shape tiny` runs end to end (CPU smoke mode)."""
 
+import json
+
 from kernels import bench
 
 
-def test_bench_tiny_smoke(capsys):
-  bench.main(["--shape", "tiny", "--forms", "pallas"])
+def test_bench_tiny_smoke(capsys, tmp_path):
+  bench.main(["--shape", "tiny", "--forms", "pallas", "--json", str(tmp_path / "k.json")])
   out = capsys.readouterr().out
   if "(cpu)" in out:
     assert "interpret mode" in out  # the warning that these times mean nothing
@@ -14,3 +16,9 @@ def test_bench_tiny_smoke(capsys):
     assert "error" not in row, row
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1]) > 0 and float(cells[2]) > 0, row  # fwd and fwd+bwd ms
+  saved = json.loads((tmp_path / "k.json").read_text())
+  assert [(r["table"], r.get("readout", r.get("form"))) for r in saved["rows"]] == [
+      ("layer", "pallas"), ("readout tiny", "pallas")]
+  for row, printed in zip(saved["rows"], rows, strict=True):  # the JSON holds the table's numbers
+    cells = [c.strip() for c in printed.strip("|").split("|")]
+    assert f"{row['fwd_ms']:.3f}" == cells[1] and f"{row['fwd_bwd_ms']:.3f}" == cells[2]

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# One short check run on a GPU machine: environment, Pallas/Triton kernels against
+# their references on the real GPU, then the kernel, layer and PVM-decode benchmarks.
+#
+#   OUT=<dir> bash experiments/gpu_suite.sh      # from the repository root, on the GPU
+#   PY=.venv/bin/python SKIP_WHEELS=1 SMOKE=1 OUT=/tmp/gpu_dry bash experiments/gpu_suite.sh
+#
+# The second line is the CPU dry run: SMOKE=1 swaps every benchmark for its tiny
+# variant (the pytest steps are the same; their GPU tests skip on a CPU).
+#
+# Environment:
+#   OUT          where results go (default ./gpu_out): gpu_suite.log (every step's
+#                stdout+stderr behind a header with its command, then its exit code and
+#                wall seconds), suite_summary.json, env.json, kernels_bench.json,
+#                lngram_bench.json, decode_wide.json.
+#   PY           the Python to use (default python3).
+#   SKIP_WHEELS  1: do not install the wheels of .whl/ (flax, ml_collections) into
+#                /tmp/site; the GPU machine's Python lacks ml_collections and may
+#                hold another flax.
+#   SMOKE        1: tiny benchmark shapes (CPU dry run, under 3 minutes on 2 cores).
+#   BUDGET_S     wall-clock budget of the whole suite (default 340, the sum of the step
+#                limits below): a step never runs past it; a step that would start with
+#                under 10 s left is skipped. Each step's limit is its own time budget.
+#
+# No `set -e`: a failing step must not stop the others. Every step runs under its
+# own `timeout`; exit code 124 means the step hit its limit (its partial output is
+# in the log: Python runs unbuffered).
+set -u
+
+OUT=${OUT:-./gpu_out}
+PY=${PY:-python3}
+SMOKE=${SMOKE:-0}
+BUDGET_S=${BUDGET_S:-340}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_suite.log
+STEPS=$OUT/.steps.tsv
+: > "$LOG"
+: > "$STEPS"
+export PYTHONUNBUFFERED=1
+# A rerun on the same machine reuses compiled programs (tests and benchmarks alike).
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/lngram_jax_xla_cache}
+export LNGRAM_JAX_CACHE_DIR=$JAX_COMPILATION_CACHE_DIR
+SUITE_T0=$(date +%s.%N)
+
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# step NAME LIMIT_S CMD...: runs CMD under `timeout`, tees into the log, records rc and wall.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local shown=${*//$'\n'/ }
+  shown=${shown:0:300}
+  local left
+  left=$(awk -v b="$BUDGET_S" -v e="$(elapsed "$SUITE_T0")" 'BEGIN { printf "%d", b - e }')
+  if [ "$left" -lt 10 ]; then
+    echo "=== [$name] SKIPPED: ${left}s of the ${BUDGET_S}s budget left ===" | tee -a "$LOG"
+    printf '%s\tskipped\t0\t%s\n' "$name" "$shown" >> "$STEPS"
+    return
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  echo "=== [$name] \$ $shown (timeout ${limit}s, at $(elapsed "$SUITE_T0")s) ===" | tee -a "$LOG"
+  local t0 rc wall
+  t0=$(date +%s.%N)
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  wall=$(elapsed "$t0")
+  echo "=== [$name] exit $rc, ${wall}s wall$([ "$rc" = 124 ] && echo ' (TIMED OUT)') ===" \
+    | tee -a "$LOG"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$wall" "$shown" >> "$STEPS"
+}
+
+json_str() {  # a JSON string literal
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=${s//$'\t'/ }
+  printf '"%s"' "$s"
+}
+
+# The summary is written on exit, so steps appended at the end are included too.
+write_summary() {
+  {
+    echo "=== summary: step, exit code, wall s ==="
+    awk -F'\t' '{ printf "%-14s %-8s %8s  %s\n", $1, $2, $3, $4 }' "$STEPS"
+    echo "total $(elapsed "$SUITE_T0")s wall"
+  } | tee -a "$LOG"
+  {
+    printf '{"smoke": %s, "python": %s, "total_wall_s": %s, "steps": [' \
+      "$([ "$SMOKE" = 1 ] && echo true || echo false)" "$(json_str "$PY")" \
+      "$(elapsed "$SUITE_T0")"
+    local first=1 name rc wall cmd
+    while IFS=$'\t' read -r name rc wall cmd; do
+      [ $first = 1 ] || printf ', '
+      first=0
+      case $rc in *[!0-9]* | '') rc=$(json_str "$rc") ;; esac  # "skipped" stays a string
+      printf '{"name": %s, "rc": %s, "wall_s": %s, "cmd": %s}' "$(json_str "$name")" \
+        "$rc" "$wall" "$(json_str "$cmd")"
+    done < "$STEPS"
+    printf ']}\n'
+  } > "$OUT/suite_summary.json"
+  rm -f "$STEPS"
+}
+trap write_summary EXIT
+
+# --- 0. wheels of what the GPU machine's Python lacks (flax of this repo, ml_collections) --
+if [ "${SKIP_WHEELS:-0}" != 1 ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 && export PYTHONPATH=/tmp/site:$PWD
+  wheels_rc=$?
+  echo "=== [wheels] $(ls .whl 2>&1 | tr '\n' ' ')-> /tmp/site: exit $wheels_rc ===" \
+    | tee -a "$LOG"
+  printf 'wheels\t%s\t0\tpip install --target /tmp/site .whl/*.whl\n' "$wheels_rc" >> "$STEPS"
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+case ":$PYTHONPATH:" in *":$PWD:"*) ;; *) export PYTHONPATH=$PYTHONPATH:$PWD ;; esac
+
+# --- 1. environment (~10 s) ----------------------------------------------------------------
+if command -v nvidia-smi > /dev/null; then
+  step nvidia-smi 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+fi
+ENV_PY=$(mktemp /tmp/gpu_suite_env.XXXXXX.py)
+cat > "$ENV_PY" << 'EOF'
+# Versions (the carried flax must be the one imported), backend and devices -> env.json.
+import importlib.metadata as md, json, os, sys
+import jax
+versions = {}
+for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "ml_collections",
+             "numpy", "pytest", "triton", "grain"):
+  try:
+    versions[name] = md.version(name)
+  except md.PackageNotFoundError:
+    versions[name] = None
+import flax
+env = {"python": sys.version, "versions": versions, "flax_file": flax.__file__,
+       "flax_imported": flax.__version__, "backend": jax.default_backend(),
+       "devices": [str(d) for d in jax.devices()],
+       "device_kind": jax.devices()[0].device_kind}
+print(json.dumps(env, indent=1))
+with open(os.path.join(sys.argv[1], "env.json"), "w") as f:
+  json.dump(env, f, indent=1)
+EOF
+step env 20 "$PY" "$ENV_PY" "$OUT"
+rm -f "$ENV_PY"
+
+# --- 2. kernels against their references on the real GPU (~30 s + ~40 s) -------------------
+# GPU-marked tests: the Triton readout and the fused readout vs XLA, values and gradients.
+step pytest-gpu 45 "$PY" -m pytest -v -x -m gpu --tb=short -p no:cacheprovider tests/kernels
+# Layer first: on a GPU its "pallas"/"pallas_fused" readouts run the real Triton kernels
+# (interpret mode only on CPU) against "absorbed", values and every gradient. Then the
+# interpret-mode Triton cases; the lowering checks are host-independent and the Mosaic (TPU)
+# cases irrelevant here (CPU CI runs both).
+step pytest-kernels 50 "$PY" -m pytest -v -m "not gpu" -k "not bench and not lower and not mosaic" \
+  --tb=short -p no:cacheprovider --durations=10 tests/kernels/test_sink_readout_layer.py \
+  tests/kernels/test_sink_readout_fused.py tests/kernels/test_sink_readout_kernel.py
+
+# --- 3. kernel benchmark: layer rows, then readout r64 / r121 / r512 (~70 s) ----------------
+if [ "$SMOKE" = 1 ]; then
+  step kernels-bench 75 "$PY" -m kernels.bench --shape tiny --json "$OUT/kernels_bench.json"
+else
+  step kernels-bench 75 "$PY" -m kernels.bench --repeats 3 --inner 5 \
+    --json "$OUT/kernels_bench.json"
+fi
+
+# --- 4. Lngram layer vs dense layer at the gpu shape, three targets (~50 s) -----------------
+# Readout forms "literal"/"pallas" at this shape are in the kernels table above.
+if [ "$SMOKE" = 1 ]; then
+  step lngram-bench 60 "$PY" -m lngram_jax.bench --shape tiny --repeats 1 \
+    --json "$OUT/lngram_bench.json"
+else
+  step lngram-bench 55 "$PY" -m lngram_jax.bench --shape gpu --repeats 10 \
+    --readouts absorbed --surrogates none,onebit --json "$OUT/lngram_bench.json"
+fi
+
+# --- 5. PVM decode overhead, d 1024 x 24 layers, 3 branches (~70 s) -------------------------
+if [ "$SMOKE" = 1 ]; then
+  step decode-wide 90 "$PY" -m experiments.vlm.bench_decode --shape wide --set d_model=64 \
+    --set n_layers=3 --set n_heads=4 --set n_kv_heads=2 --set head_dim=16 --set ffn_dim=128 \
+    --set image=32 --set vit_dim=16 --set vit_layers=1 --set vit_ffn=32 --set latent_dim=32 \
+    --set pvm_head_dim=16 --set branch_layers=0.2 --batch 2 --prompt 8 --new-tokens 4 \
+    --repeats 2 --json "$OUT/decode_wide.json"
+else
+  step decode-wide 85 "$PY" -m experiments.vlm.bench_decode --shape wide --batch 8 \
+    --prompt 64 --new-tokens 128 --repeats 10 --json "$OUT/decode_wide.json"
+fi
+
+# STEP 6: VLM training (added by the coordinator)
+# (Steps 1-5 may use the whole default BUDGET_S; a step added here runs only if the ones
+# above finish early, or with a larger BUDGET_S.)
