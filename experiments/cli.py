@@ -6,7 +6,7 @@
     lngram-exp sample  --workdir=runs/x --prompt='def ' [--max_new_tokens=200 --top_k=20]
     lngram-exp configs
     lngram-exp analyze --workdir=runs/vlm_x [--n=32]   (VLM runs: attention decay, accuracy
-                       by length, LogitLens; JSON + PNG into the run directory)
+                       by length, LogitLens, grounding probe; JSON + PNG into the run directory)
 
 A config with a `vlm` block (experiments/configs/vlm_*.py) trains a VLM stage
 (experiments.vlm.run).

@@ -2,7 +2,7 @@
 
     python -m experiments.vlm train --config=experiments/configs/vlm_base.py[:arg] --workdir=runs/x
                                     [--config.<field>=<value> ...]
-    python -m experiments.vlm analyze --workdir=runs/x [--n=32 --which=attention,accuracy,logit_lens]
+    python -m experiments.vlm analyze --workdir=runs/x [--n=32 --which=attention,accuracy,logit_lens,grounding]
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "VLM config file `path
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _N = flags.DEFINE_integer("n", 32, "analyze: validation scenes.")
-_WHICH = flags.DEFINE_list("which", ["attention", "accuracy", "logit_lens"], "analyze: which.")
+_WHICH = flags.DEFINE_list("which", ["attention", "accuracy", "logit_lens", "grounding"],
+                           "analyze: which.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "analyze: answer length cap.")
 
 

@@ -207,6 +207,13 @@ def write_json_png(run_dir, name: str, result: dict) -> Path:
     groups = [g for g in LENGTH_GROUPS if result["groups"][g]["n"]]
     ax.bar(groups, [result["groups"][g]["item_acc"] for g in groups])
     ax.set_ylabel("item accuracy")
+  elif "cell_attn" in result:
+    layers = np.arange(len(result["cell_attn"]))
+    ax.plot(layers, result["visual_attn"], "o-", label="all visual tokens")
+    ax.plot(layers, result["cell_attn"], "o-", label="the named cell")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("attention when emitting a name")
+    ax.set_title(f"name accuracy {result['name_acc']:.2f} (chance {result['chance_name_acc']:.3f})")
   elif "kl" in result:
     ax.plot(result["layers"], result["kl"], "o-")
     ax.set_xlabel("layer")

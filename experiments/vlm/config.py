@@ -37,6 +37,9 @@ class VLMConfig:
     image_hw: (height, width) of the RGB images in pixels.
     patch_size: square ViT patch side; Nv = (H/P)·(W/P) visual tokens.
     vit_dim, vit_layers, vit_heads, vit_ffn: the encoder.
+    visual_pos: add a learned per-slot embedding to the projected visual
+      tokens (the LM-side visual position; see `Projector`). What enters the
+      LM, and what PVM reads as its raw visual embeddings, includes it.
     branch: "none", "pvm" or "mlp" (see module doc).
     branch_layers: decoder layers that get the branch.
     pvm: the PVM config (branch "pvm", and the size target of "mlp").
@@ -51,6 +54,7 @@ class VLMConfig:
   vit_layers: int = 2
   vit_heads: int = 2
   vit_ffn: int = 128
+  visual_pos: bool = False
   branch: str = "none"
   branch_layers: tuple[int, ...] = ()
   pvm: PVMConfig | None = None

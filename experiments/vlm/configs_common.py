@@ -24,8 +24,13 @@ def vlm_base_config() -> ml_collections.ConfigDict:
       # stage 0 only: weight of the per-cell class loss on the encoder's patch features
       # (experiments/vlm/cell_loss.py); 0 = captions/counting only, the first recipe
       cell_loss_weight=1.0,
+      # stage 0 only: "STEPS:MAX_OBJECTS,..." phases (experiments/vlm/run.parse_curriculum);
+      # when set they replace train.steps; "" = train.steps on the configured scenes
+      curriculum="",
       # encoder: 48x48 images, one 16x16 patch per grid cell -> 9 visual tokens
       patch_size=16, vit_dim=64, vit_layers=2, vit_heads=2, vit_ffn=128,
+      # a learned LM-side position per visual token (experiments/vlm/model.Projector)
+      visual_pos=False,
       # branch
       branch="none", layer_strategy="strided", layer_start=1, layer_stride=2, layer_count=2,
       layers=(), visual_mass_from="", latent_dim=64, pvm_head_dim=32, pvm_source="raw",

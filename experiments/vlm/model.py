@@ -78,14 +78,26 @@ class Encoder(nnx.Module):
 
 
 class Projector(nnx.Module):
-  """Two-layer GELU MLP from the encoder width to the LM width d."""
+  """Two-layer GELU MLP from the encoder width to the LM width d.
 
-  def __init__(self, vit_dim: int, d_model: int, *, rngs: nnx.Rngs):
+  With `n_visual`, a learned per-slot embedding [Nv, d] is added to its
+  output: the LM-side position of each visual token. The LM's RoPE only sees
+  where a token sits in the sequence, and a text position that names a grid
+  cell must find that cell's token by content; without this slot identity the
+  ViT's own position embedding, small beside the patch content after two
+  blocks, was the only cue, and the LM never learned the lookup.
+  """
+
+  def __init__(self, vit_dim: int, d_model: int, *, n_visual: int | None = None,
+               rngs: nnx.Rngs):
     self.w1 = nnx.Param(normal(0.02)(rngs.params(), (vit_dim, d_model)))
     self.w2 = nnx.Param(normal(0.02)(rngs.params(), (d_model, d_model)))
+    self.pos = None if n_visual is None else nnx.Param(
+        normal(0.02)(rngs.params(), (n_visual, d_model)))
 
   def __call__(self, x_BxNxE):
-    return jax.nn.gelu(x_BxNxE @ self.w1[...]) @ self.w2[...]
+    y_BxNxD = jax.nn.gelu(x_BxNxE @ self.w1[...]) @ self.w2[...]
+    return y_BxNxD if self.pos is None else y_BxNxD + self.pos[...]
 
 
 class ParallelMLP(nnx.Module):
@@ -111,7 +123,8 @@ class VLM(nnx.Module):
   def __init__(self, config: VLMConfig, *, rngs: nnx.Rngs):
     c = self.config = config
     self.encoder = Encoder(c, rngs=rngs)
-    self.projector = Projector(c.vit_dim, c.lm.d_model, rngs=rngs)
+    self.projector = Projector(c.vit_dim, c.lm.d_model,
+                               n_visual=c.n_visual if c.visual_pos else None, rngs=rngs)
     self.lm = DecoderLM(c.lm, rngs=rngs)
     branches = {}
     for i in c.branch_layers:

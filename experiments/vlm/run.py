@@ -25,6 +25,7 @@ from experiments.vlm import analysis
 from experiments.vlm import train as train_lib
 from experiments.vlm.config import VLMConfig
 from experiments.vlm.data import SceneData
+from experiments.vlm.grounding import grounding_probe
 from experiments.vlm.grpo import grpo_train
 from experiments.vlm.model import VLM
 from pvm_jax.config import PVMConfig
@@ -54,23 +55,44 @@ def vlm_config(config) -> VLMConfig:
                   backbone_gqa_ratio=lm.n_heads // lm.n_kv_heads, backbone_ffn_dim=lm.ffn_dim)
   return VLMConfig(lm=lm, image_hw=(v.rows * g, v.cols * g), patch_size=v.patch_size,
                    vit_dim=v.vit_dim, vit_layers=v.vit_layers, vit_heads=v.vit_heads,
-                   vit_ffn=v.vit_ffn, branch=v.branch, branch_layers=layers,
+                   vit_ffn=v.vit_ffn, visual_pos=bool(v.get("visual_pos", False)),
+                   branch=v.branch, branch_layers=layers,
                    pvm=None if v.branch == "none" else pvm, pvm_source=v.pvm_source,
                    mlp_dim=v.mlp_dim or None)
 
 
-def scene_config(config) -> SceneConfig:
+def scene_config(config, max_objects: int | None = None) -> SceneConfig:
   v = config.vlm
+  k = v.max_objects if max_objects is None else max_objects
   return SceneConfig(rows=v.rows, cols=v.cols, min_objects=v.min_objects,
-                     max_objects=v.max_objects or None, glyph_size=v.glyph_size)
+                     max_objects=k or None, glyph_size=v.glyph_size)
 
 
-def split_data(config, workdir, split: str, n: int, task: str | None = None) -> SceneData:
+def split_data(config, workdir, split: str, n: int, task: str | None = None,
+               max_objects: int | None = None) -> SceneData:
   v = config.vlm
   # Scenes are rendered once into data_dir (default <workdir>/data) and reused.
   cache_dir = Path(v.data_dir) if v.get("data_dir") else Path(workdir) / "data"
-  return SceneData(cache_dir, scene_config(config), split, n, seed=v.scene_seed,
+  return SceneData(cache_dir, scene_config(config, max_objects), split, n, seed=v.scene_seed,
                    task=task or v.task, filler_per_item=v.filler_per_item)
+
+
+def parse_curriculum(text: str) -> list[tuple[int, int]]:
+  """"1800:2,1500:0" -> [(1800, 2), (1500, 0)]: phases of (steps, max objects; 0 = all).
+
+  Stage 0 runs the phases in order, each a fresh optimiser with its own warmup +
+  cosine schedule over its steps, on scenes of at most that many objects. Few
+  objects first is what makes the tiny LM learn to read the cell a caption
+  names (experiments/RESULTS.md); the full range straight away never did.
+  """
+  phases = []
+  for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    steps, sep, k = part.partition(":")
+    if not sep or not steps.isdigit() or not k.isdigit() or int(steps) < 1:
+      raise ValueError(f"vlm.curriculum: phase {part!r} must be STEPS:MAX_OBJECTS with "
+                       "STEPS >= 1 and MAX_OBJECTS >= 0 (0 = every count up to rows*cols).")
+    phases.append((int(steps), int(k)))
+  return phases
 
 
 def build_model(config, workdir=None):
@@ -89,6 +111,10 @@ def run_stage(config, workdir) -> dict:
     raise ValueError(f"vlm.stage={v.stage!r} is not one of {STAGES}.")
   if v.stage != "pretrain" and not v.init_from:
     raise ValueError(f"vlm.stage={v.stage!r} needs vlm.init_from (the earlier stage's run).")
+  phases = parse_curriculum(v.get("curriculum", ""))
+  if phases and v.stage != "pretrain":
+    raise ValueError(f"vlm.curriculum={v.curriculum!r} applies to stage 0 only "
+                     f"(vlm.stage={v.stage!r}).")
   workdir = Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json(indent=1))
@@ -106,14 +132,19 @@ def run_stage(config, workdir) -> dict:
         kl_coef=g.kl_coef, temperature=g.temperature, trainable=v.trainable,
         seed=config.train.seed, log=say)}
   else:
-    data = split_data(config, workdir, "train", v.n_train)
-    history = {"loss": train_lib.fit(
-        model, data, trainable=v.trainable, steps=config.train.steps,
-        batch_size=config.data.batch_size, lr=config.optim.lr,
-        weight_decay=config.optim.weight_decay, seed=config.train.seed,
-        log_every=config.train.log_every, log=say,
-        cell_loss_weight=v.get("cell_loss_weight", 0.0) if v.stage == "pretrain" else 0.0,
-        n_classes=len(CLASS_NAMES))}
+    history = {"loss": [], "phases": []}
+    for steps, k in phases or [(config.train.steps, None)]:
+      data = split_data(config, workdir, "train", v.n_train, max_objects=k)
+      say(f"phase: {steps} steps, scenes of {data.scene_config.min_objects}-"
+          f"{data.scene_config.k_max} objects")
+      history["loss"] += train_lib.fit(
+          model, data, trainable=v.trainable, steps=steps,
+          batch_size=config.data.batch_size, lr=config.optim.lr,
+          weight_decay=config.optim.weight_decay, seed=config.train.seed,
+          log_every=config.train.log_every, log=say,
+          cell_loss_weight=v.get("cell_loss_weight", 0.0) if v.stage == "pretrain" else 0.0,
+          n_classes=len(CLASS_NAMES))
+      history["phases"].append({"steps": steps, "max_objects": data.scene_config.k_max})
   train_s = time.time() - t0
   train_lib.save_params(model, workdir / "params.npz")
   eval_task = "caption" if v.task == "caption" else "count"
@@ -130,9 +161,12 @@ def run_stage(config, workdir) -> dict:
   return metrics
 
 
-def analyze(workdir, *, which=("attention", "accuracy", "logit_lens"), n: int = 16,
+def analyze(workdir, *, which=("attention", "accuracy", "logit_lens", "grounding"), n: int = 16,
             max_new_tokens: int | None = None) -> dict:
   """Runs the analyses on a finished run; writes <name>.json/.png into it."""
+  unknown = set(which) - {"attention", "accuracy", "logit_lens", "grounding"}
+  if unknown:
+    raise ValueError(f"analyze: unknown analyses {sorted(unknown)}.")
   import ml_collections
 
   workdir = Path(workdir).absolute()
@@ -151,6 +185,8 @@ def analyze(workdir, *, which=("attention", "accuracy", "logit_lens"), n: int = 
     out["accuracy_by_length"] = analysis.accuracy_by_length(model, val, n=n, max_new_tokens=N)
   if "logit_lens" in which:
     out["logit_lens"] = analysis.logit_lens(model, val, n=n, max_new_tokens=N)
+  if "grounding" in which:
+    out["grounding"] = grounding_probe(model, val, n=n)
   for name, result in out.items():
     analysis.write_json_png(workdir, name, result)
   return out

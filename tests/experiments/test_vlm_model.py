@@ -19,9 +19,9 @@ PVM_CFG = PVMConfig(d_model=32, latent_dim=32, head_dim=16, backbone_gqa_ratio=2
                     backbone_ffn_dim=64)
 
 
-def vlm_config(branch="pvm", source="raw", layers=(1,)):
+def vlm_config(branch="pvm", source="raw", layers=(1,), visual_pos=False):
   return VLMConfig(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1,
-                   vit_heads=2, vit_ffn=32, branch=branch,
+                   vit_heads=2, vit_ffn=32, visual_pos=visual_pos, branch=branch,
                    branch_layers=() if branch == "none" else layers,
                    pvm=None if branch == "none" else PVM_CFG, pvm_source=source)
 
@@ -120,9 +120,11 @@ def test_gate_and_w_up_gradients_nonzero_at_init_in_the_vlm():
   assert float(jnp.abs(g["branches/1/w_up"]).max()) == 0.0
 
 
-@pytest.mark.parametrize("branch,source", [("pvm", "raw"), ("pvm", "hidden")])
-def test_cached_decode_matches_parallel_forward(branch, source):
-  model = VLM(vlm_config(branch, source, layers=(0, 1)), rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("branch,source,visual_pos",
+                         [("pvm", "raw", True), ("pvm", "hidden", False)])
+def test_cached_decode_matches_parallel_forward(branch, source, visual_pos):
+  model = VLM(vlm_config(branch, source, layers=(0, 1), visual_pos=visual_pos),
+              rngs=nnx.Rngs(0))
   set_gate(model, 0, 0.5)
   set_gate(model, 1, -0.8)
   images, tokens = inputs(B=2, T=12)

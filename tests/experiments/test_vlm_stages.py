@@ -34,8 +34,12 @@ def test_three_stages_and_analyses(tmp_path):
     config.vlm.data_dir = str(tmp_path / "data")   # render the scenes once
     return config
 
-  base = run_stage(smoke("vlm_base"), tmp_path / "base")
+  base_config = smoke("vlm_base")
+  base_config.vlm.curriculum = "2:1,1:0"   # 2 steps on one-object scenes, 1 on all counts
+  base = run_stage(base_config, tmp_path / "base")
   assert base["stage"] == "pretrain" and len(base["history"]["loss"]) == 3
+  assert base["history"]["phases"] == [{"steps": 2, "max_objects": 1},
+                                       {"steps": 1, "max_objects": 4}]
   sft_config = smoke("vlm_pvm_sft")
   sft_config.vlm.init_from = str(tmp_path / "base")
   sft = run_stage(sft_config, tmp_path / "sft")
@@ -47,10 +51,28 @@ def test_three_stages_and_analyses(tmp_path):
   for run in ("base", "sft", "grpo"):
     assert (tmp_path / run / "params.npz").exists()
     assert (tmp_path / run / "accuracy_by_length.png").exists()
+  with pytest.raises(ValueError, match="unknown analyses"):
+    analyze(tmp_path / "sft", which=("attention", "nope"))
   out = analyze(tmp_path / "sft", n=2, max_new_tokens=6)
+  assert 0 <= out["grounding"]["name_acc"] <= 1 and set(out["grounding"]["pvm_cell_attn"]) == {"1"}
   decay = json.loads((tmp_path / "sft" / "attention_decay.json").read_text())
   assert set(decay["layers"]) == {"0", "1"} and "r2" in decay["layers"]["0"]["fit"]
   assert set(decay["pvm"]) == {"1"}
   assert len(out["logit_lens"]["kl"]) == 2 and out["logit_lens"]["kl"][-1] == 0.0
-  for name in ("attention_decay", "accuracy_by_length", "logit_lens"):
+  for name in ("attention_decay", "accuracy_by_length", "logit_lens", "grounding"):
     assert (tmp_path / "sft" / f"{name}.png").exists()
+
+
+def test_curriculum_parsing():
+  from experiments.vlm.run import parse_curriculum
+  assert parse_curriculum("") == []
+  assert parse_curriculum("1800:2, 1500:0") == [(1800, 2), (1500, 0)]
+  for bad in ("1800", "0:2", "x:2", "10:-1", "10:2:3"):
+    with pytest.raises(ValueError, match="STEPS:MAX_OBJECTS"):
+      parse_curriculum(bad)
+  config = load_config("experiments/configs/vlm_pvm_sft.py:smoke")
+  config.vlm.update(curriculum="2:1", init_from="unused")
+  from experiments.vlm.run import run_stage
+  with pytest.raises(ValueError, match="stage 0 only"):
+    run_stage(config, "/nonexistent/never-written")
+
