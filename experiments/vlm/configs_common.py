@@ -25,12 +25,14 @@ def vlm_base_config() -> ml_collections.ConfigDict:
       # (experiments/vlm/cell_loss.py); 0 = captions/counting only, the first recipe
       cell_loss_weight=1.0,
       # stage 0 only: "STEPS:MAX_OBJECTS,..." phases (experiments/vlm/run.parse_curriculum);
-      # when set they replace train.steps; "" = train.steps on the configured scenes
+      # when set they replace train.steps; "" = train.steps on the configured scenes.
+      # vlm_base sets the recipe; Stages I/II must leave it empty.
       curriculum="",
       # encoder: 48x48 images, one 16x16 patch per grid cell -> 9 visual tokens
       patch_size=16, vit_dim=64, vit_layers=2, vit_heads=2, vit_ffn=128,
-      # a learned LM-side position per visual token (experiments/vlm/model.Projector)
-      visual_pos=False,
+      # a learned LM-side position per visual token (experiments/vlm/model.Projector);
+      # False = the first two stage-0 recipes of experiments/RESULTS.md
+      visual_pos=True,
       # branch
       branch="none", layer_strategy="strided", layer_start=1, layer_stride=2, layer_count=2,
       layers=(), visual_mass_from="", latent_dim=64, pvm_head_dim=32, pvm_source="raw",
@@ -53,6 +55,8 @@ def vlm_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                layer_start=1, layer_stride=1, layer_count=1, rows=2, cols=2, glyph_size=8,
                patch_size=8, n_train=8, eval_n=4, eval_max_new_tokens=8)
   c.vlm.grpo.update(prompts_per_step=1, group_size=4, max_new_tokens=8)
+  if c.vlm.curriculum:   # vlm_base: the same two kinds of phase, 3 steps in all
+    c.vlm.curriculum = "2:1,1:0"
   return c
 
 

@@ -154,6 +154,13 @@ def load_params(model, path, *, strict: bool = False) -> list[str]:
   saved = dict(np.load(Path(path)))
   params = nnx.state(model, nnx.Param)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  # A saved array the model has no place for means the configs disagree (e.g. a
+  # base trained with vlm.visual_pos loaded into a model without it): refuse,
+  # rather than drop it silently.
+  unused = sorted(set(saved) - {path_str(p) for p, _ in leaves})
+  if unused:
+    raise ValueError(f"load_params: {path} holds {unused}, which this model lacks; "
+                     "its config must match the run it starts from.")
   new, missing = [], []
   for p, v in leaves:
     key = path_str(p)

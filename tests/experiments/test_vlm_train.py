@@ -2,13 +2,14 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from experiments.models.config import LMConfig
 from experiments.vlm.config import VLMConfig
 from experiments.vlm.grpo import group_advantages, grpo_objective
 from experiments.vlm.model import VLM
-from experiments.vlm.train import fit, flat_params
+from experiments.vlm.train import fit, flat_params, load_params, save_params
 from pvm_jax.config import PVMConfig
 
 LM = LMConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,
@@ -137,3 +138,18 @@ def test_stage0_cell_loss_is_caption_plus_weighted_cell_loss_and_head_is_not_sav
                cell_loss_weight=0.5, n_classes=3)
   assert np.isfinite(losses).all()
   assert set(flat_params(nnx.state(model, nnx.Param))) == keys   # no head in the VLM
+
+
+def test_load_params_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_path):
+  kw = dict(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1, vit_heads=2,
+            vit_ffn=32)
+  base = VLM(VLMConfig(**kw, visual_pos=True), rngs=nnx.Rngs(0))
+  save_params(base, tmp_path / "base" / "params.npz")
+  sft = VLM(VLMConfig(**kw, visual_pos=True, branch="pvm", branch_layers=(1,), pvm=PVM_CFG),
+            rngs=nnx.Rngs(1))
+  missing = load_params(sft, tmp_path / "base" / "params.npz")
+  assert missing and all(k.startswith("branches/1/") for k in missing)
+  np.testing.assert_array_equal(sft.projector.pos[...], base.projector.pos[...])
+  mismatched = VLM(VLMConfig(**kw, visual_pos=False), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"projector/pos.*lacks"):
+    load_params(mismatched, tmp_path / "base" / "params.npz")
