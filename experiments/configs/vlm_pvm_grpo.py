@@ -16,5 +16,5 @@ def get_config(arg: str = ""):
   c = configs_common.vlm_base_config()
   c.train.update(steps=20, log_every=1)
   c.vlm.update(stage="grpo", trainable="lm+branch", branch="pvm", task="count",
-               filler_per_item=0)
+               train_scene_seed=1, filler_per_item=0)
   return configs_common.apply_args(c, arg, "vlm_pvm_grpo")

@@ -20,5 +20,6 @@ def get_config(arg: str = ""):
   c = configs_common.vlm_base_config()
   c.optim.update(lr=1e-4)
   c.train.update(steps=300)
-  c.vlm.update(stage="sft", trainable="branch", branch="pvm", task="count", filler_per_item=0)
+  c.vlm.update(stage="sft", trainable="branch", branch="pvm", task="count",
+               train_scene_seed=1, filler_per_item=0)
   return configs_common.apply_args(c, arg, "vlm_pvm_sft")

@@ -73,7 +73,12 @@ def split_data(config, workdir, split: str, n: int, task: str | None = None,
   v = config.vlm
   # Scenes are rendered once into data_dir (default <workdir>/data) and reused.
   cache_dir = Path(v.data_dir) if v.get("data_dir") else Path(workdir) / "data"
-  return SceneData(cache_dir, scene_config(config, max_objects), split, n, seed=v.scene_seed,
+  # Training scenes may come from another draw than the evaluation scenes, so a later
+  # stage can train on scenes the earlier one never saw (vlm.train_scene_seed).
+  seed = v.scene_seed
+  if split == "train" and v.get("train_scene_seed", -1) >= 0:
+    seed = v.train_scene_seed
+  return SceneData(cache_dir, scene_config(config, max_objects), split, n, seed=seed,
                    task=task or v.task, filler_per_item=v.filler_per_item)
 
 

@@ -76,3 +76,16 @@ def test_curriculum_parsing():
   with pytest.raises(ValueError, match="stage 0 only"):
     run_stage(config, "/nonexistent/never-written")
 
+
+
+def test_train_scene_seed_changes_the_training_draw_only(tmp_path):
+  from experiments.vlm.run import split_data
+  config = load_config("experiments/configs/vlm_pvm_sft.py:smoke")
+  config.vlm.data_dir = str(tmp_path / "data")
+  assert config.vlm.train_scene_seed == 1 and config.vlm.scene_seed == 0
+  sft = {s: split_data(config, tmp_path, s, 4).scenes for s in ("train", "validation")}
+  config.vlm.train_scene_seed = -1
+  same = {s: split_data(config, tmp_path, s, 4).scenes for s in ("train", "validation")}
+  assert sft["validation"] == same["validation"]
+  assert sft["train"] != same["train"]
+  assert not set(sft["train"]) & set(sft["validation"])
