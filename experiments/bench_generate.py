@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models import DecoderLM, LMConfig, generate
+from experiments.models import DecoderLM, LMConfig, generate, liven_lngram
 from lngram_jax.config import LngramConfig
 
 
@@ -33,14 +33,8 @@ def bench_config() -> LMConfig:
 
 
 def build_model(config: LMConfig, seed: int = 0) -> DecoderLM:
-  model = DecoderLM(config, rngs=nnx.Rngs(seed))
-  for i, block in enumerate(model.blocks):
-    if block.lngram is not None:
-      k1, k2 = jax.random.split(jax.random.key(1000 + i))
-      block.lngram.w_o[...] = 0.02 * jax.random.normal(k1, block.lngram.w_o.shape)
-      block.lngram.conv_kernel[...] = 0.1 * jax.random.normal(
-          k2, block.lngram.conv_kernel.shape)
-  return model
+  return liven_lngram(DecoderLM(config, rngs=nnx.Rngs(seed)), key=1000, w_o_std=0.02,
+                      conv_std=0.1)
 
 
 def time_generate(model, prompt_BxT, *, use_cache, max_new_tokens, repeats):

@@ -3,7 +3,7 @@
 from experiments.models.cache import DecodeCache, LayerCache
 from experiments.models.config import LMConfig
 from experiments.models.generate import generate, sample_logits
-from experiments.models.lm import Block, DecoderLM
+from experiments.models.lm import Block, DecoderLM, liven_lngram
 
 __all__ = [
     "Block",
@@ -12,5 +12,6 @@ __all__ = [
     "LMConfig",
     "LayerCache",
     "generate",
+    "liven_lngram",
     "sample_logits",
 ]

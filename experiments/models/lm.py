@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -149,3 +150,20 @@ def default_positions(batch_time, segment_ids, positions):
   if segment_ids is not None:
     return segment_positions(segment_ids)
   return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+
+def liven_lngram(model: DecoderLM, *, key: int, w_o_std: float, conv_std: float) -> DecoderLM:
+  """Draws nonzero W_O and conv taps for every Lngram branch, in place.
+
+  Both are zero at init (the branch then adds exactly nothing), so tests and
+  benchmarks that need the branch to do real work call this; branch i draws
+  from jax.random.key(key + i).
+  """
+  for i, block in enumerate(model.blocks):
+    if block.lngram is not None:
+      k1, k2 = jax.random.split(jax.random.key(key + i))
+      block.lngram.w_o[...] = w_o_std * jax.random.normal(k1, block.lngram.w_o.shape)
+      block.lngram.conv_kernel[...] = conv_std * jax.random.normal(
+          k2, block.lngram.conv_kernel.shape)
+  return model
+

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.models import DecoderLM, LMConfig, generate, sample_logits
+from experiments.models import DecoderLM, LMConfig, generate, liven_lngram, sample_logits
 from lngram_jax.config import LngramConfig
 
 LNGRAM = LngramConfig(d_model=32, routes=4, bits=2, orders=(2, 3), mem_dim=8, q_heads=4,
@@ -23,14 +23,7 @@ def model():
   Layer 1's branch reads a residual stream that already went through attention,
   so its decode state depends on the KV cache being right.
   """
-  model = DecoderLM(CONFIG, rngs=nnx.Rngs(0))
-  for i, block in enumerate(model.blocks):
-    if block.lngram is not None:
-      k1, k2 = jax.random.split(jax.random.key(10 + i))
-      block.lngram.w_o[...] = 0.3 * jax.random.normal(k1, block.lngram.w_o.shape)
-      block.lngram.conv_kernel[...] = 0.3 * jax.random.normal(
-          k2, block.lngram.conv_kernel.shape)
-  return model
+  return liven_lngram(DecoderLM(CONFIG, rngs=nnx.Rngs(0)), key=10, w_o_std=0.3, conv_std=0.3)
 
 
 @nnx.jit

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.models import DecoderLM, LMConfig
+from experiments.models import DecoderLM, LMConfig, liven_lngram
 from lngram_jax.config import LngramConfig
 
 LNGRAM = LngramConfig(d_model=32, routes=4, bits=2, orders=(2, 3), mem_dim=8, q_heads=4,
@@ -22,12 +22,7 @@ def _model(config=CONFIG, seed=0, live_lngram=True):
   """A model; `live_lngram` makes the zero-init W_O and conv nonzero."""
   model = DecoderLM(config, rngs=nnx.Rngs(seed))
   if live_lngram:
-    for i, block in enumerate(model.blocks):
-      if block.lngram is not None:
-        k1, k2 = jax.random.split(jax.random.key(100 + i))
-        block.lngram.w_o[...] = 0.3 * jax.random.normal(k1, block.lngram.w_o.shape)
-        block.lngram.conv_kernel[...] = 0.3 * jax.random.normal(
-            k2, block.lngram.conv_kernel.shape)
+    liven_lngram(model, key=100, w_o_std=0.3, conv_std=0.3)
   return model
 
 
