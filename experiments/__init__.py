@@ -1,7 +1,15 @@
-"""Experiments built on lngram_jax: decoder LM, data, training, checkpoints, CLI.
+"""Experiments built on lngram_jax and pvm_jax: the byte decoder LM, a tiny VLM, data,
+one training loop, checkpoints, the `lngram-exp` CLI.
 
-The model and decoding (`experiments.models`) import nothing from the data
-stack, so they also run where grain is not installed.
+Papers: "Lngram v2: Latent N-Gram Memory with Interpretable Discrete
+Representations" (and v1, "Lngram: N-gram Conditional Memory in Latent Space",
+arXiv 2605.24869); "Persistent Visual Memory: Sustaining Perception for Deep
+Generation in LVLMs", arXiv 2605.00814. Layout and conventions: DESIGN.md §6.
+
+Every run (LM, VLM stage 0, Stage I, Stage II) trains through
+`experiments.train.train` and restores with `experiments.restore`. The models
+and decoding (`experiments.models`) import nothing from the data stack, so they
+also run where grain is not installed.
 """
 
 # `from experiments import restore` is the notebook entry point. It is

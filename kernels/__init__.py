@@ -1,10 +1,22 @@
-"""Pallas kernels of lngram_jax, each with an XLA reference and a dispatching api.
+"""Pallas kernels, each with an XLA reference beside it and a dispatching api.
 
   sink_readout   the blocked sink-softmax readout: per token, Hq queries of
-                 width D over R memory tokens (keys = values) plus one fixed
+                 width Dr over R memory rows (keys = values) plus one fixed
                  sink logit with a zero value (Triton on GPU, Mosaic on TPU,
-                 interpret mode on CPU).
+                 interpret mode on CPU); and the fused variant that gathers
+                 and RMS-normalises the rows from tables by row id inside the
+                 kernel (Triton only).
 
-Shape legend: N tokens (B·T flattened), R routes, D route-token width,
-Hq query heads. `python -m kernels.bench` times the kernels against XLA.
+The ops are standalone: this package imports nothing from `lngram_jax`,
+`pvm_jax` or `experiments`. They are the readout core of "Lngram v2: Latent
+N-Gram Memory with Interpretable Discrete Representations" (the absorbed
+sink-attention readout, §2.4; v1: "Lngram: N-gram Conditional Memory in Latent
+Space", arXiv 2605.24869); the model glue lives in `lngram_jax.pallas` and
+`lngram_jax.fused`. Conventions: DESIGN.md §2 (readout forms), §7 (testing
+kernels on CPU: interpret mode and lowering checks).
+
+Shape legend (DESIGN.md §1): BT tokens (B·T flattened), R memory rows per token
+(routes), Dr row width (the route-token width), Dm width of one table row,
+Hq query heads. `python -m experiments.bench.kernels` times the kernels
+against XLA.
 """

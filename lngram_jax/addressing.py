@@ -2,7 +2,7 @@
 
 Conventions (shared with the authors' code so checkpoints line up):
   * bit j of route r is logit channel r·M + j; b = z > 0; a = Σ_j b_j·2^j;
-  * the n-gram ending at t has row r·K^n + Σ_i a[t-n+1+i]·K^i, the OLDEST
+  * the n-gram ending at t has row r·C^n + Σ_i a[t-n+1+i]·C^i, the OLDEST
     symbol being the least-significant digit;
   * a window is invalid if it starts before the sequence, spans two packed
     segments, or touches a padding token; invalid windows read nothing.
@@ -91,7 +91,7 @@ def ngram_rows(
     valid: optional bool [B, T] token mask; windows touching padding are invalid.
 
   Returns:
-    rows_BxTxR: int32 rows in [r·K^n, (r+1)·K^n). Invalid windows point at the
+    rows_BxTxR: int32 rows in [r·C^n, (r+1)·C^n). Invalid windows point at the
       route's first row (a safe index) and must be masked by the caller.
     valid_BxT: bool, whether the window is a real n-gram.
   """
@@ -100,16 +100,16 @@ def ngram_rows(
   if order < 1:
     raise ValueError(f"ngram_rows: order={order} must be >= 1.")
   B, T, R = codes_BxTxR.shape
-  K = 2**bits
-  if R * K**order > 2**31 - 1:
+  C = 2**bits
+  if R * C**order > 2**31 - 1:
     raise ValueError(
-        f"ngram_rows: R*K^n = {R}*{K}^{order} = {R * K**order} overflows int32.")
+        f"ngram_rows: R*C^n = {R}*{C}^{order} = {R * C**order} overflows int32.")
   codes_BxTxR = codes_BxTxR.astype(jnp.int32)
   local_BxTxR = jnp.zeros((B, T, R), jnp.int32)
   for slot in range(order):
-    # Slot i holds the symbol at t-n+1+i and weighs K^i (oldest = least).
-    local_BxTxR += shift_right(codes_BxTxR, order - 1 - slot) * (K**slot)
+    # Slot i holds the symbol at t-n+1+i and weighs C^i (oldest = least).
+    local_BxTxR += shift_right(codes_BxTxR, order - 1 - slot) * (C**slot)
   valid_BxT = window_valid((B, T), order=order, segment_ids=segment_ids, valid=valid)
   local_BxTxR = jnp.where(valid_BxT[:, :, None], local_BxTxR, 0)
-  route_base_R = jnp.arange(R, dtype=jnp.int32) * (K**order)
+  route_base_R = jnp.arange(R, dtype=jnp.int32) * (C**order)
   return local_BxTxR + route_base_R, valid_BxT

@@ -1,4 +1,4 @@
-"""Configuration of one Lngram v2 layer (paper §2, Table 13).
+"""Configuration of one Lngram v2 layer (paper §2, Table 13; DESIGN.md §2).
 
 The dataclass is frozen and validated up front so that a bad setting fails
 with a message naming the field before anything is traced or compiled.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax.numpy as jnp
 
-SURROGATES = ("exact", "onebit", "ste", "none")
-READOUTS = ("literal", "streaming", "absorbed", "pallas", "pallas_fused")
+Surrogate = Literal["exact", "onebit", "ste", "none"]
+Readout = Literal["literal", "streaming", "absorbed", "pallas", "pallas_fused"]
+SURROGATES: tuple[str, ...] = get_args(Surrogate)
+READOUTS: tuple[str, ...] = get_args(Readout)
 _INT32_MAX = 2**31 - 1
 
 
@@ -24,16 +26,16 @@ class LngramConfig:
   Attributes:
     d_model: backbone width d.
     routes: number of routes R.
-    bits: bits per route M; each route emits one of K = 2**M codes.
+    bits: bits per route M; each route emits one of C = 2**M codes.
     orders: n-gram orders N, ascending (one table per order).
-    mem_dim: width d_m of one table entry; the route token has D = |N|·d_m.
+    mem_dim: width Dm of one table entry; the route token has Dr = |N|·Dm.
     q_heads, kv_heads, head_dim: the grouped-query readout (Hq·dh = d).
     sink_mass: μ0, the initial probability mass on real routes; fixes the
       sink logit b0 = log(R(1-μ0)/μ0).
     surrogate: router gradient: "exact", "onebit", "ste" or "none".
     surrogate_tau, surrogate_scale: τ and λ of the surrogate.
-    conv_kernel, conv_dilation: the short causal depthwise conv; dilation
-      None means the largest order.
+    conv_kernel, conv_dilation: the short causal depthwise conv (W taps);
+      dilation None means the largest order.
     readout: "literal", "streaming", "absorbed", "pallas" or "pallas_fused"
       (all equal; "pallas_fused" also gathers and normalises the table rows
       inside the kernel, GPU or CPU only).
@@ -52,12 +54,12 @@ class LngramConfig:
   kv_heads: int = 2
   head_dim: int = 128
   sink_mass: float = 0.5
-  surrogate: str = "onebit"
+  surrogate: Surrogate = "onebit"
   surrogate_tau: float = 1.0
   surrogate_scale: float = 1.0
   conv_kernel: int = 4
   conv_dilation: int | None = None
-  readout: str = "absorbed"
+  readout: Readout = "absorbed"
   route_chunk: int = 64
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -120,12 +122,12 @@ class LngramConfig:
 
   @property
   def codes_per_route(self) -> int:
-    """K = 2**M."""
+    """C = 2**M."""
     return 2**self.bits
 
   @property
   def route_dim(self) -> int:
-    """D = |N|·d_m, the width of one route token."""
+    """Dr = |N|·Dm, the width of one route token."""
     return len(self.orders) * self.mem_dim
 
   @property
@@ -138,7 +140,7 @@ class LngramConfig:
 
   @property
   def conv_context(self) -> int:
-    """Previous steps the conv reads: (kernel - 1)·dilation (9 by default)."""
+    """Previous steps the conv reads: (W - 1)·dilation (9 by default)."""
     return (self.conv_kernel - 1) * self.dilation
 
   @property
@@ -147,7 +149,7 @@ class LngramConfig:
     return sink_logit(self.routes, self.sink_mass)
 
   def table_rows(self, order: int) -> int:
-    """R·K^n rows of the table of order n."""
+    """R·C^n rows of the table of order n."""
     return self.routes * self.codes_per_route**order
 
   def replace(self, **changes) -> LngramConfig:

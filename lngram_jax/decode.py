@@ -1,65 +1,57 @@
-"""Token-by-token decoding of one Lngram v2 layer (DESIGN.md §2 "Decode").
+"""Token-by-token decoding of one Lngram v2 layer (DESIGN.md §2, decode).
 
 The layer at step t needs, besides h_t:
   * the codes of the (max order - 1) previous positions per route, to address
     the n-grams ending at t, and whether each of them is a real token of t's
     segment (otherwise windows through it are invalid and read zero);
-  * the (k-1)·dilation previous conv inputs RMSNorm_c(ṽ), already zeroed where
+  * the (W-1)·dilation previous conv inputs RMSNorm_c(ṽ), already zeroed where
     they are padding or belong to an earlier segment (a conv tap never reads
     across a segment).
 Decoding continues the segment of the last prompt token, so "same segment" is
 settled once at prefill and a boolean per history slot is enough.
 
-The step reuses the layer's public pieces and the functional core (router
-logits, `ngram_rows` on the short window, `gather_rows`, query, readout, and
-`short_conv` on the short window), so it reproduces the parallel forward.
+Prefill is the layer's own forward; the step runs the same `core.forward`
+with two pieces of its own: a lookup over the short window (history codes +
+this token, `ngram_rows` and `gather_rows` as in the parallel path) and a conv
+over the stored inputs + this one. So decoding reproduces the parallel forward.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 
+from lngram_jax import core
 from lngram_jax.addressing import codes_from_logits, ngram_rows
 from lngram_jax.config import LngramConfig
 from lngram_jax.conv import short_conv
 from lngram_jax.lookup import gather_rows
-from lngram_jax.norms import rms_norm
 
 
 @struct.dataclass
 class LngramDecodeState:
-  """Per-layer decode state; H = max order - 1, C = (k-1)·dilation.
+  """Per-layer decode state; H = max order - 1, S = (W-1)·dilation conv steps.
 
   codes_BxHxR: codes of the H previous positions, oldest first.
   codes_ok_BxH: whether that position is a real token of the current segment.
-  conv_BxCxD: the C previous conv inputs, oldest first, zero where not ok.
+  conv_BxSxD: the S previous conv inputs, oldest first, zero where not ok.
   """
 
   codes_BxHxR: jnp.ndarray
   codes_ok_BxH: jnp.ndarray
-  conv_BxCxD: jnp.ndarray
+  conv_BxSxD: jnp.ndarray
 
 
 def init_decode_state(config: LngramConfig, batch: int, dtype=None) -> LngramDecodeState:
   """An empty history: every slot is 'before the sequence'."""
   c = config
   dtype = c.dtype if dtype is None else dtype
-  H, C = c.max_order - 1, c.conv_context
+  H, S = c.max_order - 1, c.conv_context
   return LngramDecodeState(
       codes_BxHxR=jnp.zeros((batch, H, c.routes), jnp.int32),
       codes_ok_BxH=jnp.zeros((batch, H), bool),
-      conv_BxCxD=jnp.zeros((batch, C, c.d_model), dtype),
+      conv_BxSxD=jnp.zeros((batch, S, c.d_model), dtype),
   )
-
-
-def _conv_input(layer, o_BxTxHqxDh):
-  """ṽ = o W_O and the conv input RMSNorm_c(ṽ), as in LngramV2.output."""
-  c = layer.config
-  B, T = o_BxTxHqxDh.shape[:2]
-  v_BxTxD = o_BxTxHqxDh.reshape(B, T, -1) @ layer.w_o[...].astype(c.dtype)
-  return v_BxTxD, rms_norm(v_BxTxD, layer.conv_norm[...], eps=c.eps)
 
 
 def _take_history(x_BxTx, lengths_B, size: int):
@@ -94,28 +86,25 @@ def prefill_decode_state(layer, h_BxTxD, *, lengths=None, segment_ids=None, vali
   lengths_B = jnp.asarray(lengths, jnp.int32)
   if valid is None:
     valid = t_T[None, :] < lengths_B[:, None]
-  h_BxTxD = h_BxTxD.astype(c.dtype)
-  logits_BxTxRxM = layer.router_logits(h_BxTxD)
-  x_BxTxRxD = layer.route_tokens(logits_BxTxRxM, segment_ids=segment_ids, valid=valid)
-  o_BxTxHqxDh, _ = layer.readout(layer.query(h_BxTxD), x_BxTxRxD)
-  y_BxTxD = layer.output(o_BxTxHqxDh, segment_ids=segment_ids, valid=valid)
+  y_BxTxD, trace = core.forward(layer.param_arrays(), c, h_BxTxD, segment_ids=segment_ids,
+                                valid=valid)
 
   # A history slot is usable if it is a real token of the last token's segment.
   ok_BxT = valid.astype(bool)
   if segment_ids is not None:
     last_seg_Bx1, _ = _take_history(segment_ids, lengths_B, 1)
     ok_BxT = ok_BxT & (segment_ids == last_seg_Bx1)
-  H, C = c.max_order - 1, c.conv_context
-  codes_BxHxR, in_range_BxH = _take_history(codes_from_logits(logits_BxTxRxM), lengths_B, H)
+  H, S = c.max_order - 1, c.conv_context
+  codes_BxHxR, in_range_BxH = _take_history(
+      codes_from_logits(trace.logits_BxTxRxM), lengths_B, H)
   ok_BxH, _ = _take_history(ok_BxT, lengths_B, H)
-  _, conv_in_BxTxD = _conv_input(layer, o_BxTxHqxDh)
-  conv_BxCxD, conv_in_range_BxC = _take_history(conv_in_BxTxD, lengths_B, C)
-  conv_ok_BxC, _ = _take_history(ok_BxT, lengths_B, C)
-  conv_ok_BxC = conv_ok_BxC & conv_in_range_BxC
+  conv_BxSxD, conv_in_range_BxS = _take_history(trace.conv_in_BxTxD, lengths_B, S)
+  conv_ok_BxS, _ = _take_history(ok_BxT, lengths_B, S)
+  conv_ok_BxS = conv_ok_BxS & conv_in_range_BxS
   state = LngramDecodeState(
       codes_BxHxR=codes_BxHxR,
       codes_ok_BxH=ok_BxH & in_range_BxH,
-      conv_BxCxD=conv_BxCxD * conv_ok_BxC[:, :, None].astype(conv_BxCxD.dtype),
+      conv_BxSxD=conv_BxSxD * conv_ok_BxS[:, :, None].astype(conv_BxSxD.dtype),
   )
   return y_BxTxD, state
 
@@ -123,37 +112,36 @@ def prefill_decode_state(layer, h_BxTxD, *, lengths=None, segment_ids=None, vali
 def lngram_decode_step(layer, h_Bx1xD, state: LngramDecodeState):
   """One position per row: (y_Bx1xD, new state). The token itself is valid.
 
-  Each order n looks up the window (H-n+1 history slots + this token) with the
-  same `ngram_rows` as the parallel path; the conv runs `short_conv` over the
-  C stored inputs + this one and keeps the last output.
+  `core.forward` with the window pieces: each order n looks up the window
+  (H-n+1 history slots + this token) with the same `ngram_rows` as the
+  parallel path; the conv runs `short_conv` over the S stored inputs + this
+  one and keeps the last output.
   """
   c = layer.config
   B = h_Bx1xD.shape[0]
   if h_Bx1xD.shape[1:] != (1, c.d_model):
     raise ValueError(f"h must have shape [B, 1, {c.d_model}]; got {tuple(h_Bx1xD.shape)}.")
-  h_Bx1xD = h_Bx1xD.astype(c.dtype)
-  logits_Bx1xRxM = layer.router_logits(h_Bx1xD)
-  codes_Bx1xR = codes_from_logits(logits_Bx1xRxM)
-  window_BxWxR = jnp.concatenate([state.codes_BxHxR, codes_Bx1xR], axis=1)
-  window_ok_BxW = jnp.concatenate([state.codes_ok_BxH, jnp.ones((B, 1), bool)], axis=1)
-  W = window_BxWxR.shape[1]
-  mems = []
-  for n, table in zip(c.orders, layer.tables, strict=True):
+  window_ok_BxH1 = jnp.concatenate([state.codes_ok_BxH, jnp.ones((B, 1), bool)], axis=1)
+
+  def window_codes(logits_Bx1xRxM):
+    return jnp.concatenate([state.codes_BxHxR, codes_from_logits(logits_Bx1xRxM)], axis=1)
+
+  def lookup(table_ExDm, logits_Bx1xRxM, order):
     # The window of order n is the last n slots; earlier ones are "before" it.
-    rows_BxNxR, ok_BxN = ngram_rows(window_BxWxR[:, W - n:], order=n, bits=c.bits,
-                                    valid=window_ok_BxW[:, W - n:])
-    mems.append(gather_rows(table[...], rows_BxNxR[:, -1:], ok_BxN[:, -1:]))
-  x_Bx1xRxD = jnp.concatenate(mems, axis=-1).astype(c.dtype)
-  o_Bx1xHqxDh, _ = layer.readout(layer.query(h_Bx1xD), x_Bx1xRxD)
-  v_Bx1xD, conv_in_Bx1xD = _conv_input(layer, o_Bx1xHqxDh)
-  conv_window_Bx1pCxD = jnp.concatenate(
-      [state.conv_BxCxD, conv_in_Bx1xD.astype(state.conv_BxCxD.dtype)], axis=1)
-  conv_out_Bx1xD = short_conv(conv_window_Bx1pCxD, layer.conv_kernel[...].astype(c.dtype),
-                              dilation=c.dilation)[:, -1:]
-  y_Bx1xD = v_Bx1xD + jax.nn.silu(conv_out_Bx1xD)
+    rows_BxnxR, ok_Bxn = ngram_rows(window_codes(logits_Bx1xRxM)[:, -order:], order=order,
+                                    bits=c.bits, valid=window_ok_BxH1[:, -order:])
+    return gather_rows(table_ExDm, rows_BxnxR[:, -1:], ok_Bxn[:, -1:])
+
+  def conv(conv_in_Bx1xD, kernel_WxD, *, dilation):
+    window_BxS1xD = jnp.concatenate(
+        [state.conv_BxSxD, conv_in_Bx1xD.astype(state.conv_BxSxD.dtype)], axis=1)
+    return short_conv(window_BxS1xD, kernel_WxD, dilation=dilation)[:, -1:]
+
+  y_Bx1xD, trace = core.forward(layer.param_arrays(), c, h_Bx1xD, lookup=lookup, conv=conv)
   new_state = LngramDecodeState(
-      codes_BxHxR=window_BxWxR[:, 1:],
-      codes_ok_BxH=window_ok_BxW[:, 1:],
-      conv_BxCxD=conv_window_Bx1pCxD[:, 1:],
+      codes_BxHxR=window_codes(trace.logits_BxTxRxM)[:, 1:],
+      codes_ok_BxH=window_ok_BxH1[:, 1:],
+      conv_BxSxD=jnp.concatenate(
+          [state.conv_BxSxD, trace.conv_in_BxTxD.astype(state.conv_BxSxD.dtype)], axis=1)[:, 1:],
   )
   return y_Bx1xD, new_state

@@ -4,7 +4,7 @@ The forward is always the hard lookup. A `jax.custom_vjp` keeps the ordinary
 gradient of the table (a scatter-add onto the rows that were read) and replaces
 only the gradient to the router logits z with one of:
 
-  exact   ∂z_j += λτ Σ_c P(c|z)(β_j(c) - p_j)⟨g, E_c⟩ over the K codes c of one
+  exact   ∂z_j += λτ Σ_c P(c|z)(β_j(c) - p_j)⟨g, E_c⟩ over the C codes c of one
           slot, the other slots of the window held at their hard symbols;
   onebit  ∂z_j += λτ p_j(1-p_j)⟨g, E_j^(1) - E_j^(0)⟩, one flipped row per bit;
   ste     the direct straight-through baseline of App. A.5 (see `_ste_grad`);
@@ -30,7 +30,7 @@ from lngram_jax.config import SURROGATES
 
 
 def ngram_lookup(
-    table_VxDm: jnp.ndarray,
+    table_ExDm: jnp.ndarray,
     logits_BxTxRxM: jnp.ndarray,
     *,
     order: int,
@@ -44,7 +44,7 @@ def ngram_lookup(
   """Hard n-gram lookup mem[b, t, r] = E[row(b, t, r)], zero at invalid windows.
 
   Args:
-    table_VxDm: the table of this order, V = R·K^n rows.
+    table_ExDm: the table of this order, V = R·C^n rows.
     logits_BxTxRxM: router logits z; codes are taken as z > 0.
     order, bits: n and M.
     segment_ids: optional int [B, T] packed-sequence ids.
@@ -55,8 +55,8 @@ def ngram_lookup(
   Returns:
     mem_BxTxRxDm in the table's dtype.
   """
-  checks.check_rank("table", table_VxDm, 2, "[V, Dm]")
-  checks.check_float("table", table_VxDm)
+  checks.check_rank("table", table_ExDm, 2, "[V, Dm]")
+  checks.check_float("table", table_ExDm)
   checks.check_rank("logits", logits_BxTxRxM, 4, "[B, T, R, M]")
   checks.check_float("logits", logits_BxTxRxM)
   if surrogate not in SURROGATES:
@@ -65,21 +65,21 @@ def ngram_lookup(
   if M != bits:
     raise ValueError(f"ngram_lookup: logits last dim M={M} must equal bits={bits}.")
   rows_expected = R * 2 ** (bits * order)
-  if table_VxDm.shape[0] != rows_expected:
+  if table_ExDm.shape[0] != rows_expected:
     raise ValueError(
-        f"ngram_lookup: table has {table_VxDm.shape[0]} rows; order={order}, "
-        f"R={R}, bits={bits} need R*K^n = {rows_expected}.")
+        f"ngram_lookup: table has {table_ExDm.shape[0]} rows; order={order}, "
+        f"R={R}, bits={bits} need R*C^n = {rows_expected}.")
   codes_BxTxR = codes_from_logits(logits_BxTxRxM)
   rows_BxTxR, valid_BxT = ngram_rows(
       codes_BxTxR, order=order, bits=bits, segment_ids=segment_ids, valid=valid)
   return _lookup(order, bits, surrogate, float(tau), float(scale),
-                 table_VxDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT)
+                 table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT)
 
 
-def gather_rows(table_VxDm, rows_BxTxR, valid_BxT):
+def gather_rows(table_ExDm, rows_BxTxR, valid_BxT):
   """E[rows] with invalid windows zeroed."""
-  mem_BxTxRxDm = jnp.take(table_VxDm, rows_BxTxR, axis=0, mode="clip")
-  return mem_BxTxRxDm * valid_BxT[:, :, None, None].astype(table_VxDm.dtype)
+  mem_BxTxRxDm = jnp.take(table_ExDm, rows_BxTxR, axis=0, mode="clip")
+  return mem_BxTxRxDm * valid_BxT[:, :, None, None].astype(table_ExDm.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
@@ -95,12 +95,12 @@ def _lookup_fwd(order, bits, surrogate, tau, scale, table, logits, codes, rows, 
 
 
 def _lookup_bwd(order, bits, surrogate, tau, scale, residuals, g_BxTxRxDm):
-  table_VxDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT = residuals
-  acc = jnp.promote_types(table_VxDm.dtype, jnp.float32)
+  table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT = residuals
+  acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
   g_BxTxRxDm = g_BxTxRxDm.astype(acc) * valid_BxT[:, :, None, None].astype(acc)
-  d_table = table_cotangent(table_VxDm, rows_BxTxR, g_BxTxRxDm)
+  d_table = table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm)
   d_logits = surrogate_logit_grad(
-      table_VxDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, g_BxTxRxDm,
+      table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, g_BxTxRxDm,
       order=order, bits=bits, surrogate=surrogate, tau=tau, scale=scale)
   return d_table, d_logits.astype(logits_BxTxRxM.dtype), None, None, None
 
@@ -108,22 +108,22 @@ def _lookup_bwd(order, bits, surrogate, tau, scale, residuals, g_BxTxRxDm):
 _lookup.defvjp(_lookup_fwd, _lookup_bwd)
 
 
-def table_cotangent(table_VxDm, rows_BxTxR, g_BxTxRxDm):
+def table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm):
   """Scatter-add of g onto the rows that were read (accumulated in >= f32)."""
-  Dm = table_VxDm.shape[1]
-  acc = jnp.promote_types(table_VxDm.dtype, jnp.float32)
-  d_table = jnp.zeros(table_VxDm.shape, acc).at[rows_BxTxR.reshape(-1)].add(
+  Dm = table_ExDm.shape[1]
+  acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
+  d_table = jnp.zeros(table_ExDm.shape, acc).at[rows_BxTxR.reshape(-1)].add(
       g_BxTxRxDm.reshape(-1, Dm).astype(acc), mode="promise_in_bounds")
-  return d_table.astype(table_VxDm.dtype)
+  return d_table.astype(table_ExDm.dtype)
 
 
-def _row_scores(table_VxDm, rows_BxTxR, g_BxTxRxDm):
+def _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm):
   """⟨g, E[rows]⟩ per (b, t, r), accumulated in g's dtype (>= f32)."""
-  rows_BxTxRxDm = jnp.take(table_VxDm, rows_BxTxR, axis=0, mode="clip")
+  rows_BxTxRxDm = jnp.take(table_ExDm, rows_BxTxR, axis=0, mode="clip")
   return jnp.einsum("btrd,btrd->btr", rows_BxTxRxDm.astype(g_BxTxRxDm.dtype), g_BxTxRxDm)
 
 
-def surrogate_logit_grad(table_VxDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
+def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
                          g_BxTxRxDm, *, order, bits, surrogate, tau, scale):
   """The router-logit cotangent of one order, summed over windows and slots.
 
@@ -133,21 +133,21 @@ def surrogate_logit_grad(table_VxDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
   z_BxTxRxM = logits_BxTxRxM.astype(acc)
   if surrogate == "none":
     return jnp.zeros_like(z_BxTxRxM)
-  K = 2**bits
+  C = 2**bits
   hard_BxTxR = None
   if surrogate in ("onebit", "ste"):
-    hard_BxTxR = _row_scores(table_VxDm, rows_BxTxR, g_BxTxRxDm)
+    hard_BxTxR = _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm)
   d_z = jnp.zeros_like(z_BxTxRxM)
   for slot in range(order):
     back = order - 1 - slot  # the slot's symbol sits `back` steps before t
-    stride = K**slot
+    stride = C**slot
     digit_BxTxR = shift_right(codes_BxTxR, back)
     z_at_BxTxRxM = shift_right(z_BxTxRxM, back)
     if surrogate == "exact":
       base_BxTxR = rows_BxTxR - digit_BxTxR * stride
-      contrib = _exact_grad(table_VxDm, base_BxTxR, stride, z_at_BxTxRxM, g_BxTxRxDm, tau)
+      contrib = _exact_grad(table_ExDm, base_BxTxR, stride, z_at_BxTxRxM, g_BxTxRxDm, tau)
     elif surrogate == "onebit":
-      contrib = _onebit_grad(table_VxDm, rows_BxTxR, digit_BxTxR, stride,
+      contrib = _onebit_grad(table_ExDm, rows_BxTxR, digit_BxTxR, stride,
                              z_at_BxTxRxM, g_BxTxRxDm, hard_BxTxR, tau)
     else:
       contrib = _ste_grad(digit_BxTxR, z_at_BxTxRxM, hard_BxTxR, tau)
@@ -161,13 +161,13 @@ def _bits_of(code_BxTxR, bits: int):
   return (code_BxTxR[..., None] >> jnp.arange(bits, dtype=jnp.int32)) & 1
 
 
-def _exact_grad(table_VxDm, base_BxTxR, stride, z_BxTxRxM, g_BxTxRxDm, tau):
+def _exact_grad(table_ExDm, base_BxTxR, stride, z_BxTxRxM, g_BxTxRxDm, tau):
   """λ-free exact surrogate for one slot: τ Σ_c P(c|z)(β(c) - p)⟨g, E_c⟩.
 
-  Scans over the K codes so that only O(B·T·R·M) is alive at once.
+  Scans over the C codes so that only O(B·T·R·M) is alive at once.
   """
   M = z_BxTxRxM.shape[-1]
-  K = 2**M
+  C = 2**M
   log_p = jax.nn.log_sigmoid(tau * z_BxTxRxM)
   log_q = jax.nn.log_sigmoid(-tau * z_BxTxRxM)
   p_BxTxRxM = jax.nn.sigmoid(tau * z_BxTxRxM)
@@ -176,18 +176,18 @@ def _exact_grad(table_VxDm, base_BxTxR, stride, z_BxTxRxM, g_BxTxRxDm, tau):
     weighted_BxTxRxM, total_BxTxR = carry
     beta_M = ((code >> jnp.arange(M, dtype=jnp.int32)) & 1).astype(z_BxTxRxM.dtype)
     prob_BxTxR = jnp.exp(jnp.sum(beta_M * log_p + (1 - beta_M) * log_q, axis=-1))
-    score_BxTxR = _row_scores(table_VxDm, base_BxTxR + code * stride, g_BxTxRxDm)
+    score_BxTxR = _row_scores(table_ExDm, base_BxTxR + code * stride, g_BxTxRxDm)
     ps_BxTxR = prob_BxTxR * score_BxTxR
     return (weighted_BxTxRxM + ps_BxTxR[..., None] * beta_M, total_BxTxR + ps_BxTxR), None
 
   # zeros_like keeps the inputs' shard_map varying-axes type, so scan carries match.
   init = (jnp.zeros_like(z_BxTxRxM), jnp.zeros_like(z_BxTxRxM[..., 0]))
-  (weighted, total), _ = jax.lax.scan(body, init, jnp.arange(K, dtype=jnp.int32))
+  (weighted, total), _ = jax.lax.scan(body, init, jnp.arange(C, dtype=jnp.int32))
   # Σ_c P_c(β_c - p)s_c = Σ_c P_c β_c s_c - p Σ_c P_c s_c
   return tau * (weighted - p_BxTxRxM * total[..., None])
 
 
-def _onebit_grad(table_VxDm, rows_BxTxR, digit_BxTxR, stride, z_BxTxRxM,
+def _onebit_grad(table_ExDm, rows_BxTxR, digit_BxTxR, stride, z_BxTxRxM,
                  g_BxTxRxDm, hard_BxTxR, tau):
   """λ-free one-bit surrogate for one slot: τ p(1-p)⟨g, E^(1) - E^(0)⟩ per bit.
 
@@ -201,7 +201,7 @@ def _onebit_grad(table_VxDm, rows_BxTxR, digit_BxTxR, stride, z_BxTxRxM,
   for j in range(M):
     sign_BxTxR = 1 - 2 * hard_bits_BxTxRxM[..., j]  # +1 if the hard bit is 0
     flipped_BxTxR = rows_BxTxR + sign_BxTxR * (2**j * stride)
-    flip_BxTxR = _row_scores(table_VxDm, flipped_BxTxR, g_BxTxRxDm)
+    flip_BxTxR = _row_scores(table_ExDm, flipped_BxTxR, g_BxTxRxDm)
     scores.append(sign_BxTxR.astype(flip_BxTxR.dtype) * (flip_BxTxR - hard_BxTxR))
   s_BxTxRxM = jnp.stack(scores, axis=-1)
   return tau * p_BxTxRxM * (1 - p_BxTxRxM) * s_BxTxRxM

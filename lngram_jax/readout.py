@@ -13,7 +13,9 @@ Forms, all given (q, x̂, W_K, W_V) with K = x̂W_K, V = x̂W_V:
   streaming  route chunks, online softmax from (max = b0, sum = 1), every chunk
              rematerialised in the backward: O(chunk) memory instead of O(R);
   absorbed   s = (W_K^κ Q_a)·x̂_r/√dh and o_a = (Σ_r α_r x̂_r)W_V^κ: a multi-query
-             attention of Hq queries of width D over R keys = values = x̂.
+             attention of Hq queries of width Dr over R keys = values = x̂, whose
+             core is the kernels' XLA reference (one definition of that maths);
+  pallas     the absorbed form with the Pallas kernel as its core (`pallas.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kernels.sink_readout.reference import sink_readout_reference
 from lngram_jax import checks
 
 
@@ -50,15 +53,15 @@ def sink_readout(q_BxTxHqxDh, k_BxTxRxHkvxDh, v_BxTxRxHkvxDh, *, sink_logit,
         "and Hq a multiple of Hkv.")
   G = Hq // Hkv
   acc = _stat_dtype(q_BxTxHqxDh.dtype)
-  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
-  s_BxTxKxGxR = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxKxGxDh, k_BxTxRxHkvxDh,
+  q_BxTxHkvxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
+  s_BxTxHkvxGxR = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxHkvxGxDh, k_BxTxRxHkvxDh,
                            preferred_element_type=acc) / math.sqrt(Dh)
-  p_BxTxKxGxR, lse_BxTxKxG = _sink_softmax(s_BxTxKxGxR, sink_logit)
-  o_BxTxKxGxDh = jnp.einsum("btkgr,btrkd->btkgd", p_BxTxKxGxR,
+  p_BxTxHkvxGxR, lse_BxTxHkvxG = _sink_softmax(s_BxTxHkvxGxR, sink_logit)
+  o_BxTxHkvxGxDh = jnp.einsum("btkgr,btrkd->btkgd", p_BxTxHkvxGxR,
                             v_BxTxRxHkvxDh.astype(acc), preferred_element_type=acc)
-  o_BxTxHqxDh = o_BxTxKxGxDh.reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
+  o_BxTxHqxDh = o_BxTxHkvxGxDh.reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
   if return_lse:
-    return o_BxTxHqxDh, lse_BxTxKxG.reshape(B, T, Hq)
+    return o_BxTxHqxDh, lse_BxTxHkvxG.reshape(B, T, Hq)
   return o_BxTxHqxDh
 
 
@@ -75,31 +78,31 @@ def route_mass_from_lse(lse, sink_logit):
   return 1.0 - jnp.exp(sink_logit - lse)
 
 
-def _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh):
+def _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh):
   checks.check_rank("q", q_BxTxHqxDh, 4, "[B, T, Hq, dh]")
-  checks.check_rank("mem", mem_BxTxRxD, 4, "[B, T, R, D]")
-  checks.check_rank("w_k", w_k_DxHkvxDh, 3, "[D, Hkv, dh]")
-  if w_k_DxHkvxDh.shape != w_v_DxHkvxDh.shape:
-    raise ValueError(f"w_k {w_k_DxHkvxDh.shape} and w_v {w_v_DxHkvxDh.shape} differ.")
-  D, Hkv, Dh = w_k_DxHkvxDh.shape
-  if mem_BxTxRxD.shape[-1] != D or q_BxTxHqxDh.shape[-1] != Dh:
+  checks.check_rank("mem", mem_BxTxRxDr, 4, "[B, T, R, Dr]")
+  checks.check_rank("w_k", w_k_DrxHkvxDh, 3, "[Dr, Hkv, dh]")
+  if w_k_DrxHkvxDh.shape != w_v_DrxHkvxDh.shape:
+    raise ValueError(f"w_k {w_k_DrxHkvxDh.shape} and w_v {w_v_DrxHkvxDh.shape} differ.")
+  D, Hkv, Dh = w_k_DrxHkvxDh.shape
+  if mem_BxTxRxDr.shape[-1] != D or q_BxTxHqxDh.shape[-1] != Dh:
     raise ValueError(
-        f"mem {mem_BxTxRxD.shape} / q {q_BxTxHqxDh.shape} do not fit w_k {w_k_DxHkvxDh.shape}.")
+        f"mem {mem_BxTxRxDr.shape} / q {q_BxTxHqxDh.shape} do not fit w_k {w_k_DrxHkvxDh.shape}.")
   if q_BxTxHqxDh.shape[2] % Hkv:
     raise ValueError(f"Hq={q_BxTxHqxDh.shape[2]} must be a multiple of Hkv={Hkv}.")
 
 
-def literal_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+def literal_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
                     sink_logit, return_lse=False):
   """Project x̂ to K, V: [B, T, R, Hkv, dh], then `sink_readout`."""
-  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
-  k_BxTxRxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxD, w_k_DxHkvxDh)
-  v_BxTxRxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxD, w_v_DxHkvxDh)
-  return sink_readout(q_BxTxHqxDh, k_BxTxRxKxDh, v_BxTxRxKxDh,
+  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
+  k_BxTxRxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxDr, w_k_DrxHkvxDh)
+  v_BxTxRxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxDr, w_v_DrxHkvxDh)
+  return sink_readout(q_BxTxHqxDh, k_BxTxRxHkvxDh, v_BxTxRxHkvxDh,
                       sink_logit=sink_logit, return_lse=return_lse)
 
 
-def streaming_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+def streaming_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
                       sink_logit, chunk=64, return_lse=False):
   """The literal readout over route chunks with an online sink softmax.
 
@@ -108,28 +111,28 @@ def streaming_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
   so at most `chunk` routes of K, V are alive at once. A ragged last chunk is
   padded with routes whose scores are -inf.
   """
-  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
+  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
   B, T, Hq, Dh = q_BxTxHqxDh.shape
-  R, D = mem_BxTxRxD.shape[2:]
-  Hkv = w_k_DxHkvxDh.shape[1]
+  R, Dr = mem_BxTxRxDr.shape[2:]
+  Hkv = w_k_DrxHkvxDh.shape[1]
   G = Hq // Hkv
   acc = _stat_dtype(q_BxTxHqxDh.dtype)
   chunk = max(1, min(chunk, R))
   n_chunks = -(-R // chunk)
   pad = n_chunks * chunk - R
-  mem_CxBxTxCrxD = jnp.pad(mem_BxTxRxD, ((0, 0), (0, 0), (0, pad), (0, 0)))
-  mem_CxBxTxCrxD = jnp.moveaxis(mem_CxBxTxCrxD.reshape(B, T, n_chunks, chunk, D), 2, 0)
+  mem_CxBxTxCrxDr = jnp.pad(mem_BxTxRxDr, ((0, 0), (0, 0), (0, pad), (0, 0)))
+  mem_CxBxTxCrxDr = jnp.moveaxis(mem_CxBxTxCrxDr.reshape(B, T, n_chunks, chunk, Dr), 2, 0)
   real_CxCr = (jnp.arange(n_chunks * chunk) < R).reshape(n_chunks, chunk)
-  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
+  q_BxTxHkvxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
   neg_inf = jnp.finfo(acc).min
 
   @jax.checkpoint
   def chunk_step(state, inputs):
     m_run, l_run, o_run = state
-    mem_BxTxCrxD, real_Cr = inputs
-    k_BxTxCrxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxD, w_k_DxHkvxDh)
-    v_BxTxCrxKxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxD, w_v_DxHkvxDh)
-    s = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxKxGxDh, k_BxTxCrxKxDh,
+    mem_BxTxCrxDr, real_Cr = inputs
+    k_BxTxCrxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxDr, w_k_DrxHkvxDh)
+    v_BxTxCrxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxDr, w_v_DrxHkvxDh)
+    s = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxHkvxGxDh, k_BxTxCrxHkvxDh,
                    preferred_element_type=acc) / math.sqrt(Dh)
     s = jnp.where(real_Cr, s, neg_inf)
     m_new = jnp.maximum(m_run, jnp.max(s, axis=-1))
@@ -137,68 +140,71 @@ def streaming_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
     e = jnp.exp(s - m_new[..., None])
     l_new = l_run * correction + jnp.sum(e, axis=-1)
     o_new = o_run * correction[..., None] + jnp.einsum(
-        "btkgr,btrkd->btkgd", e, v_BxTxCrxKxDh.astype(acc), preferred_element_type=acc)
+        "btkgr,btrkd->btkgd", e, v_BxTxCrxHkvxDh.astype(acc), preferred_element_type=acc)
     return (m_new, l_new, o_new), None
 
   # Built from q (`*_like`) so that inside shard_map the carry has q's
   # varying-axes type, as scan requires.
-  o0 = jnp.zeros_like(q_BxTxKxGxDh, dtype=acc)
+  o0 = jnp.zeros_like(q_BxTxHkvxGxDh, dtype=acc)
   m0 = jnp.full_like(o0[..., 0], sink_logit)
   l0 = jnp.ones_like(o0[..., 0])
-  (m, total, o), _ = jax.lax.scan(chunk_step, (m0, l0, o0), (mem_CxBxTxCrxD, real_CxCr))
+  (m, total, o), _ = jax.lax.scan(chunk_step, (m0, l0, o0), (mem_CxBxTxCrxDr, real_CxCr))
   o_BxTxHqxDh = (o / total[..., None]).reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
   if return_lse:
     return o_BxTxHqxDh, (m + jnp.log(total)).reshape(B, T, Hq)
   return o_BxTxHqxDh
 
 
-def mqa_sink_attention(q_BxTxHqxD, mem_BxTxRxD, *, sink_logit, scale):
+def mqa_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, sink_logit, scale, core=None):
   """Multi-query sink attention with keys = values = mem (the absorbed core).
 
   u_a = Σ_r α_r mem_r with α over {sink, routes} and scores scale·q_a·mem_r.
-  Returns u_BxTxHqxD (q's dtype) and lse_BxTxHq (float32 or wider).
+  The maths is the kernels' XLA reference (`kernels.sink_readout.
+  sink_readout_reference`) on BT = B·T flattened tokens; `core` swaps in another op with
+  that [BT, ...] contract (the Pallas kernel, `lngram_jax.pallas`).
+  Returns u_BxTxHqxDr (q's dtype) and lse_BxTxHq (float32).
   """
-  acc = _stat_dtype(q_BxTxHqxD.dtype)
-  s_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", q_BxTxHqxD, mem_BxTxRxD,
-                          preferred_element_type=acc) * scale
-  p_BxTxHqxR, lse_BxTxHq = _sink_softmax(s_BxTxHqxR, sink_logit)
-  u_BxTxHqxD = jnp.einsum("bthr,btrd->bthd", p_BxTxHqxR.astype(mem_BxTxRxD.dtype),
-                          mem_BxTxRxD, preferred_element_type=acc)
-  return u_BxTxHqxD.astype(q_BxTxHqxD.dtype), lse_BxTxHq
+  core = sink_readout_reference if core is None else core
+  B, T, Hq, Dr = q_BxTxHqxDr.shape
+  R = mem_BxTxRxDr.shape[2]
+  u_BTxHqxDr, lse_BTxHq = core(q_BxTxHqxDr.reshape(B * T, Hq, Dr),
+                             mem_BxTxRxDr.reshape(B * T, R, Dr),
+                             sink_logit=sink_logit, scale=scale)
+  return u_BTxHqxDr.reshape(B, T, Hq, Dr), lse_BTxHq.reshape(B, T, Hq)
 
 
-def absorb_query(q_BxTxHqxDh, w_k_DxHkvxDh):
-  """q̃_a = W_K^{κ(a)} Q_a: [B, T, Hq, D], the query in the route-token space."""
+def absorb_query(q_BxTxHqxDh, w_k_DrxHkvxDh):
+  """q̃_a = W_K^{κ(a)} Q_a: [B, T, Hq, Dr], the query in the route-token space."""
   B, T, Hq, Dh = q_BxTxHqxDh.shape
-  Hkv = w_k_DxHkvxDh.shape[1]
-  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, Hq // Hkv, Dh)
-  q_abs = jnp.einsum("btkgh,dkh->btkgd", q_BxTxKxGxDh, w_k_DxHkvxDh)
+  Hkv = w_k_DrxHkvxDh.shape[1]
+  q_BxTxHkvxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, Hq // Hkv, Dh)
+  q_abs = jnp.einsum("btkgh,dkh->btkgd", q_BxTxHkvxGxDh, w_k_DrxHkvxDh)
   return q_abs.reshape(B, T, Hq, -1)
 
 
-def project_values(u_BxTxHqxD, w_v_DxHkvxDh):
+def project_values(u_BxTxHqxDr, w_v_DrxHkvxDh):
   """o_a = u_a W_V^{κ(a)}: [B, T, Hq, dh]."""
-  B, T, Hq, D = u_BxTxHqxD.shape
-  Hkv = w_v_DxHkvxDh.shape[1]
-  u_BxTxKxGxD = u_BxTxHqxD.reshape(B, T, Hkv, Hq // Hkv, D)
-  o = jnp.einsum("btkgd,dkh->btkgh", u_BxTxKxGxD, w_v_DxHkvxDh)
+  B, T, Hq, Dr = u_BxTxHqxDr.shape
+  Hkv = w_v_DrxHkvxDh.shape[1]
+  u_BxTxHkvxGxDr = u_BxTxHqxDr.reshape(B, T, Hkv, Hq // Hkv, Dr)
+  o = jnp.einsum("btkgd,dkh->btkgh", u_BxTxHkvxGxDr, w_v_DrxHkvxDh)
   return o.reshape(B, T, Hq, -1)
 
 
-def absorbed_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+def absorbed_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
                      sink_logit, return_lse=False, attention=None):
   """The absorbed form: no [B, T, R, Hkv, dh] tensor is ever built.
 
   `attention` swaps the multi-query core (default `mqa_sink_attention`) for a
   kernel with the same contract.
   """
-  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
+  _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
   Dh = q_BxTxHqxDh.shape[-1]
   attention = mqa_sink_attention if attention is None else attention
-  q_abs_BxTxHqxD = absorb_query(q_BxTxHqxDh, w_k_DxHkvxDh).astype(mem_BxTxRxD.dtype)
-  u_BxTxHqxD, lse_BxTxHq = attention(
-      q_abs_BxTxHqxD, mem_BxTxRxD, sink_logit=sink_logit, scale=1.0 / math.sqrt(Dh))
-  o_BxTxHqxDh = project_values(u_BxTxHqxD, w_v_DxHkvxDh).astype(q_BxTxHqxDh.dtype)
+  q_abs_BxTxHqxDr = absorb_query(q_BxTxHqxDh, w_k_DrxHkvxDh).astype(mem_BxTxRxDr.dtype)
+  u_BxTxHqxDr, lse_BxTxHq = attention(
+      q_abs_BxTxHqxDr, mem_BxTxRxDr, sink_logit=sink_logit, scale=1.0 / math.sqrt(Dh))
+  o_BxTxHqxDh = project_values(u_BxTxHqxDr, w_v_DrxHkvxDh).astype(q_BxTxHqxDh.dtype)
   if return_lse:
     return o_BxTxHqxDh, lse_BxTxHq
   return o_BxTxHqxDh

@@ -1,15 +1,18 @@
 """pvm_jax: Persistent Visual Memory (PVM) in JAX/Flax NNX.
 
-A small cross-attention branch beside a decoder layer's FFN that re-reads the
-raw visual embeddings at every text position. Its softmax runs over the
-visual tokens of the image only, so the visual signal it brings back does not
-dilute as the answer grows (paper arXiv 2605.00814, Theorems 3.1 and 4.1).
+Implements "Persistent Visual Memory: Sustaining Perception for Deep
+Generation in LVLMs" (arXiv 2605.00814): a small cross-attention branch beside
+a decoder layer's FFN that re-reads the raw visual embeddings at every text
+position. Its softmax runs over the visual tokens of the image only, so the
+visual signal it brings back does not dilute as the answer grows (the paper's
+Theorems 3.1 and 4.1). Facts taken from the authors' code and our choices
+(init, latent FFN width) are in DESIGN.md §3, deviations in §5.
 
-Shape legend used in names throughout the package:
-  B batch, T time (text + image positions of the LM), D / d model width,
-  Nv visual tokens per image, Dv visual embedding width (d by default),
-  L latent width d' (512), Hq = d'/dh query heads, K / Hkv KV heads,
-  G = Hq/Hkv, Dh head dim dh (128), F latent FFN width.
+Shape legend used in names throughout the package (DESIGN.md §1):
+  B batch, T time (text + image positions of the LM), D model width d,
+  Nv visual tokens per image, Dv visual embedding width (D by default),
+  L latent width d' (512), Hq = d'/Dh query heads, Hkv KV heads,
+  G = Hq/Hkv, Dh head dim (128), F latent FFN width.
 
 Layout: `config` (PVMConfig), `attention` (visual-only cross-attention and
 its reference twin), `branch` (the functional core over a dict of arrays and

@@ -1,4 +1,4 @@
-"""The PVM branch as pure functions over a dict of arrays (DESIGN §3).
+"""The PVM branch as pure functions over a dict of arrays (DESIGN.md §3).
 
     x_lat = RMSNorm(x W_down_txt)                        [B, T, d']
     V_lat = V_img W_down_vis                             [B, Nv, d']  (not normalised)

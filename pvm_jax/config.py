@@ -1,4 +1,4 @@
-"""Configuration of one PVM branch (DESIGN §3; the paper's §4).
+"""Configuration of one PVM branch (DESIGN.md §3; the paper's §4).
 
 Frozen and validated up front, so a bad setting fails with a message naming
 the field and its value before anything is traced.
@@ -6,7 +6,10 @@ the field and its value before anything is traced.
 Head layout: the latent width d' splits into Hq = d'/dh query heads; the KV
 heads follow the backbone's grouped-query ratio, Hkv = max(1, Hq // ratio).
 For Qwen3-VL-8B (d = 4096, ffn 12288, 32/8 heads) with d' = 512, dh = 128:
-Hq = 4, Hkv = 1, latent FFN width 512·12288/4096 = 1536.
+Hq = 4, Hkv = 1, latent FFN width 512·12288/4096 = 1536. The latent FFN width
+truncates as the authors' code does, int(d'·(ffn/d)): at Qwen3-VL-4B widths
+(d = 2560, ffn 9728) that is int(1945.6) = 1945, not the rounded 1946, so
+their weights load (DESIGN.md §3).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class PVMConfig:
     backbone_gqa_ratio: the backbone's query heads per KV head; the branch
       uses Hkv = max(1, Hq // ratio) KV heads.
     backbone_ffn_dim: the backbone FFN width; sets the latent FFN width
-      d'·ffn/d (rounded to the nearest int) when `latent_ffn_dim` is None.
+      int(d'·(ffn/d)) (truncated, as the authors' code) when `latent_ffn_dim`
+      is None.
     latent_ffn_dim: the latent SwiGLU width; overrides the rule above.
     visual_dim: width of the visual embeddings the branch reads; None means
       d_model (the projected embeddings that enter the LM have width d).
@@ -84,7 +88,7 @@ class PVMConfig:
     if self.ffn_dim < 1:
       raise ValueError(
           f"PVMConfig: latent FFN width latent_dim·backbone_ffn_dim/d_model = "
-          f"{self.latent_dim}·{self.backbone_ffn_dim}/{self.d_model} rounds to "
+          f"{self.latent_dim}·{self.backbone_ffn_dim}/{self.d_model} truncates to "
           f"{self.ffn_dim}; it must be >= 1.")
     if self.up_init not in UP_INITS:
       raise ValueError(f"PVMConfig: up_init={self.up_init!r} is not one of {UP_INITS}.")
@@ -108,7 +112,9 @@ class PVMConfig:
     """F, the latent SwiGLU width."""
     if self.latent_ffn_dim is not None:
       return self.latent_ffn_dim
-    return round(self.latent_dim * self.backbone_ffn_dim / self.d_model)
+    # The authors' expression, evaluated in the same order: d' * (ffn / d), then
+    # truncated. (Rounding gave 1946 at 4B widths: 1,536 parameters too many.)
+    return int(self.latent_dim * (self.backbone_ffn_dim / self.d_model))
 
   @property
   def vis_dim(self) -> int:

@@ -5,7 +5,7 @@ Usage beside a decoder layer's FFN (x = the post-attention residual):
     cache = pvm.visual_cache(v_img_BxNvxD, visual_valid_BxNv)   # once per image
     x = x + ffn(norm(x)) + pvm(x, cache=cache, text_mask=text_mask_BxT)
 
-Init (DESIGN §3, our choice): λ = 0 and W_up ~ N(0, init_std²), so the model
+Init (DESIGN.md §3, our choice): λ = 0 and W_up ~ N(0, init_std²), so the model
 at step 0 is exactly the base model while λ receives gradient. Every other
 branch parameter sits behind λ, so its gradient is exactly zero at step 0 and
 becomes nonzero once λ has moved (one optimizer step). The official code also
@@ -24,7 +24,7 @@ from pvm_jax.config import PVMConfig
 
 
 class PVM(nnx.Module):
-  """One Persistent Visual Memory branch (paper §4, DESIGN §3).
+  """One Persistent Visual Memory branch (paper §4, DESIGN.md §3).
 
   Parameters (names are stable: checkpoints, optax masks and analyses use
   them): see `branch.PARAM_SHAPES_DOC`. RMSNorm scales (`lat_norm`,

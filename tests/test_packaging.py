@@ -1,8 +1,11 @@
 """Checks on the packaging and CI wiring of the project."""
 
+import ast
 import re
 import tomllib
 from pathlib import Path
+
+import setuptools
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,9 +36,13 @@ def test_ci_script_reads_the_readme_markers():
     assert "<!-- \\/test-command -->" in script or END_MARKER in script
 
 
-def test_pytest_markers_registered():
+def _pyproject():
     with open(ROOT / "pyproject.toml", "rb") as f:
-        pyproject = tomllib.load(f)
+        return tomllib.load(f)
+
+
+def test_pytest_markers_registered():
+    pyproject = _pyproject()
     markers = pyproject["tool"]["pytest"]["ini_options"]["markers"]
     names = {m.split(":", 1)[0].strip() for m in markers}
     assert {"slow", "gpu", "tpu"} <= names
@@ -50,3 +57,41 @@ def test_package_imports_with_version():
     import lngram_jax
 
     assert isinstance(lngram_jax.__version__, str)
+
+
+def test_every_source_folder_is_a_packaged_package():
+    """Each folder of .py files under the four top packages ships in the wheel."""
+    find = _pyproject()["tool"]["setuptools"]["packages"]["find"]
+    packaged = set(setuptools.find_packages(where=str(ROOT), include=find["include"]))
+    tops = ("lngram_jax", "pvm_jax", "kernels", "experiments")
+    folders = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for top in tops for path in (ROOT / top).rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert folders <= packaged, f"not packaged (missing __init__.py?): {sorted(folders - packaged)}"
+    assert {*tops, "experiments.bench", "experiments.configs"} <= packaged
+    assert all(name.split(".")[0] in tops for name in packaged), sorted(packaged)
+
+
+def test_console_script_resolves():
+    scripts = _pyproject()["project"]["scripts"]
+    module, _, function = scripts["lngram-exp"].partition(":")
+    path = ROOT / Path(*module.split(".")).with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body), (
+        f"{scripts['lngram-exp']}: {path.name} defines no {function}()")
+
+
+def test_readme_points_at_the_design_document_and_the_tools():
+    readme = (ROOT / "README.md").read_text()
+    assert (ROOT / "DESIGN.md").is_file()
+    assert "DESIGN.md" in readme
+    bench = ROOT / "experiments" / "bench"
+    tools = re.findall(r"python -m experiments\.bench\.(\w+)", readme)
+    row = [line for line in readme.splitlines() if line.startswith("| `experiments/bench/`")]
+    assert row, "README's layout table has no experiments/bench/ row"
+    tools += re.findall(r"`\.(\w+)`", row[0])
+    assert tools
+    missing = [t for t in tools if not (bench / f"{t}.py").is_file()]
+    assert not missing, f"README names tools that do not exist: {missing}"

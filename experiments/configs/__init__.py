@@ -1,7 +1,12 @@
 """Experiment configs: ml_collections files with `get_config(arg)`.
 
 A config file's module docstring starts with its one-line purpose and holds
-the exact command that runs it. `base.py` holds the shared defaults.
+the exact command that runs it. `base.py` (LM) and `vlm_common.py` (VLM)
+hold the shared defaults. Config files are leaves: they import only
+ml_collections and those two modules; the conversions to library objects
+live in the library (`experiments.models.config.lm_config`,
+`experiments.vlm.config.vlm_config`, `experiments.data.corpus_spec`). Only
+the helpers below are used from outside, to load a config file by path.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from experiments.configs import base
 
 def get_config(arg: str = ""):
   config = base.base_config()
-  config.model.lngram_layers = ()
+  config.model.memory_layers = ()
   for part in filter(None, (arg or "").split(",")):
     if part == "smoke":
       base.smoke(config)

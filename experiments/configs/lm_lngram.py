@@ -19,23 +19,27 @@ The arg is a comma-separated list:
 """
 
 from experiments.configs import base
-from lngram_jax.config import SURROGATES
+
+# The surrogate names of lngram_jax.config.SURROGATES, spelled out so that this
+# file stays a leaf; experiments.models.config.lm_config checks them (and a test
+# checks that the two lists agree).
+SURROGATES = ("exact", "onebit", "ste", "none")
 
 
 def get_config(arg: str = ""):
   config = base.base_config()
-  config.model.lngram_layers = (1, 2)
+  config.model.memory_layers = (1, 2)
   parts = [p for p in (arg or "").split(",") if p]
   if "smoke" in parts:
     base.smoke(config)
-    config.model.lngram_layers = (1,)  # the smoke backbone has 2 layers
+    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
   for part in parts:
     if part == "smoke":
       continue
     if part in SURROGATES:
-      config.model.lngram.surrogate = part
+      config.model.memory.surrogate = part
     elif part.startswith("r") and part[1:].isdigit():
-      config.model.lngram.routes = int(part[1:])
+      config.model.memory.routes = int(part[1:])
     else:
       raise ValueError(
           f"lm_lngram: unknown config arg {part!r}; use r<routes>, one of {SURROGATES}, "

@@ -7,6 +7,7 @@ its names) needs grain.
 from experiments.data.corpus import (
     Corpus,
     CorpusSpec,
+    corpus_spec,
     is_validation,
     list_files,
     load_corpus,
@@ -20,6 +21,7 @@ __all__ = [
     "CorpusSpec",
     "PackedRows",
     "TrainIterator",
+    "corpus_spec",
     "eval_batches",
     "is_validation",
     "list_files",

@@ -192,3 +192,11 @@ def write_manifest(corpus: Corpus, workdir: str | os.PathLike) -> Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(corpus.manifest, indent=1) + "\n")
   return path
+
+
+def corpus_spec(config) -> CorpusSpec:
+  """The corpus an experiment config's `data` block names: data.path empty -> the
+  embedded standard-library corpus, else that folder."""
+  d = config.data
+  return CorpusSpec(source="folder" if d.path else "stdlib", path=d.path,
+                    val_fraction=d.val_fraction, max_files=d.max_files)

@@ -5,7 +5,7 @@ One `attend` serves all three paths, so they differ only in their masks:
   prefill   the parallel path, also returning K, V to fill the cache;
   decode    one query per row against the cache; mask = cache slots holding a
             real token of the row's current segment (the new slot included).
-Shape legend in experiments/models/layers.py.
+Shape legend in experiments/models/__init__.py.
 """
 
 from __future__ import annotations
@@ -31,27 +31,32 @@ def causal_mask(batch_time: tuple[int, int], *, segment_ids=None, valid=None):
   return mask_BxTxS
 
 
-def attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxTxS):
-  """Softmax attention of H query heads over K KV heads (head h reads h // G).
+def attend(q_BxTxHqxDh, k_BxSxHkvxDh, v_BxSxHkvxDh, mask_BxTxS, *, return_probs=False):
+  """Softmax attention of Hq query heads over Hkv KV heads (head h reads h // G).
 
   Scores and softmax in float32. Masked scores take finfo.min rather than
-  -inf, so a fully masked row (a padding query) stays finite.
+  -inf, so a fully masked row (a padding query) stays finite. With
+  `return_probs` also the probabilities p_BxHqxTxS (analyses).
   """
-  B, T, H, Dh = q_BxTxHxDh.shape
-  K = k_BxSxKxDh.shape[2]
-  q_BxTxKxGxDh = q_BxTxHxDh.reshape(B, T, K, H // K, Dh)
-  s_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
-                           preferred_element_type=jnp.float32) / math.sqrt(Dh)
-  s_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], s_BxKxGxTxS,
-                          jnp.finfo(jnp.float32).min)
-  p_BxKxGxTxS = jax.nn.softmax(s_BxKxGxTxS, axis=-1)
-  o_BxTxKxGxDh = jnp.einsum("bkgts,bskh->btkgh", p_BxKxGxTxS.astype(v_BxSxKxDh.dtype),
-                            v_BxSxKxDh, preferred_element_type=jnp.float32)
-  return o_BxTxKxGxDh.reshape(B, T, H, Dh).astype(q_BxTxHxDh.dtype)
+  B, T, Hq, Dh = q_BxTxHqxDh.shape
+  Hkv = k_BxSxHkvxDh.shape[2]
+  q_BxTxHkvxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, Hq // Hkv, Dh)
+  s_BxHkvxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxHkvxGxDh, k_BxSxHkvxDh,
+                             preferred_element_type=jnp.float32) / math.sqrt(Dh)
+  s_BxHkvxGxTxS = jnp.where(mask_BxTxS[:, None, None], s_BxHkvxGxTxS,
+                            jnp.finfo(jnp.float32).min)
+  p_BxHkvxGxTxS = jax.nn.softmax(s_BxHkvxGxTxS, axis=-1)
+  o_BxTxHkvxGxDh = jnp.einsum("bkgts,bskh->btkgh", p_BxHkvxGxTxS.astype(v_BxSxHkvxDh.dtype),
+                              v_BxSxHkvxDh, preferred_element_type=jnp.float32)
+  o_BxTxHqxDh = o_BxTxHkvxGxDh.reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
+  if return_probs:
+    # Query head h = k·G + g, the order of the reshape above.
+    return o_BxTxHqxDh, p_BxHkvxGxTxS.reshape(B, Hq, T, -1)
+  return o_BxTxHqxDh
 
 
 class Attention(nnx.Module):
-  """GQA self-attention: w_q [D, H, Dh], w_kv [D, 2, K, Dh], w_o [H, Dh, D]."""
+  """GQA self-attention: w_q [D, Hq, Dh], w_kv [D, 2, Hkv, Dh], w_o [Hq, Dh, D]."""
 
   def __init__(self, *, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
                rope_theta: float, dtype, param_dtype, init_std: float, out_std: float,
@@ -67,41 +72,50 @@ class Attention(nnx.Module):
         normal(out_std)(rngs.params(), (n_heads, head_dim, d_model), param_dtype))
 
   def qkv(self, x_BxTxD, positions_BxT):
-    """Rotated queries [B, T, H, Dh] and keys, plus values [B, T, K, Dh]."""
+    """Rotated queries [B, T, Hq, Dh] and keys, plus values [B, T, Hkv, Dh]."""
     x_BxTxD = x_BxTxD.astype(self.dtype)
-    q_BxTxHxDh = jnp.einsum("btd,dhe->bthe", x_BxTxD, self.w_q[...].astype(self.dtype))
-    kv_BxTx2xKxDh = jnp.einsum("btd,dckh->btckh", x_BxTxD,
-                               self.w_kv[...].astype(self.dtype))
-    k_BxTxKxDh, v_BxTxKxDh = kv_BxTx2xKxDh[:, :, 0], kv_BxTx2xKxDh[:, :, 1]
-    q_BxTxHxDh = rope(q_BxTxHxDh, positions_BxT, theta=self.rope_theta)
-    k_BxTxKxDh = rope(k_BxTxKxDh, positions_BxT, theta=self.rope_theta)
-    return q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh
+    q_BxTxHqxDh = jnp.einsum("btd,dhe->bthe", x_BxTxD, self.w_q[...].astype(self.dtype))
+    kv_BxTx2xHkvxDh = jnp.einsum("btd,dckh->btckh", x_BxTxD,
+                                 self.w_kv[...].astype(self.dtype))
+    k_BxTxHkvxDh, v_BxTxHkvxDh = kv_BxTx2xHkvxDh[:, :, 0], kv_BxTx2xHkvxDh[:, :, 1]
+    q_BxTxHqxDh = rope(q_BxTxHqxDh, positions_BxT, theta=self.rope_theta)
+    k_BxTxHkvxDh = rope(k_BxTxHkvxDh, positions_BxT, theta=self.rope_theta)
+    return q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh
 
-  def project_out(self, o_BxTxHxDh):
-    return jnp.einsum("bthe,hed->btd", o_BxTxHxDh, self.w_o[...].astype(self.dtype))
+  def project_out(self, o_BxTxHqxDh):
+    return jnp.einsum("bthe,hed->btd", o_BxTxHqxDh, self.w_o[...].astype(self.dtype))
 
   def __call__(self, x_BxTxD, positions_BxT, *, segment_ids=None, valid=None,
-               return_kv=False):
-    q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh = self.qkv(x_BxTxD, positions_BxT)
+               return_kv=False, return_probs=False):
+    """y [B, T, D]; with `return_kv` also (K, V) [B, T, Hkv, Dh] (prefill) and with
+    `return_probs` also p_BxHqxTxT (analyses): (y, extras) with extras a dict."""
+    q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh = self.qkv(x_BxTxD, positions_BxT)
     mask_BxTxS = causal_mask(x_BxTxD.shape[:2], segment_ids=segment_ids, valid=valid)
-    y_BxTxD = self.project_out(attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, mask_BxTxS))
+    o_BxTxHqxDh, p_BxHqxTxS = attend(q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, mask_BxTxS,
+                                     return_probs=True)
+    y_BxTxD = self.project_out(o_BxTxHqxDh)
+    if not (return_kv or return_probs):
+      return y_BxTxD
+    extras = {}
     if return_kv:
-      return y_BxTxD, (k_BxTxKxDh, v_BxTxKxDh)
-    return y_BxTxD
+      extras["k"], extras["v"] = k_BxTxHkvxDh, v_BxTxHkvxDh
+    if return_probs:
+      extras["probs"] = p_BxHqxTxS
+    return y_BxTxD, extras
 
-  def decode(self, x_Bx1xD, positions_Bx1, k_cache_BxSxKxDh, v_cache_BxSxKxDh, *,
+  def decode(self, x_Bx1xD, positions_Bx1, k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh, *,
              index_B, key_ok_BxS):
     """One step: write this token's K, V at slot index_B, attend over the cache.
 
     `key_ok_BxS` must already mark the new slot. Returns y [B, 1, D] and the
     updated caches.
     """
-    q_Bx1xHxDh, k_Bx1xKxDh, v_Bx1xKxDh = self.qkv(x_Bx1xD, positions_Bx1)
+    q_Bx1xHqxDh, k_Bx1xHkvxDh, v_Bx1xHkvxDh = self.qkv(x_Bx1xD, positions_Bx1)
     rows_B = jnp.arange(x_Bx1xD.shape[0])
-    k_cache_BxSxKxDh = k_cache_BxSxKxDh.at[rows_B, index_B].set(
-        k_Bx1xKxDh[:, 0].astype(k_cache_BxSxKxDh.dtype))
-    v_cache_BxSxKxDh = v_cache_BxSxKxDh.at[rows_B, index_B].set(
-        v_Bx1xKxDh[:, 0].astype(v_cache_BxSxKxDh.dtype))
-    o_Bx1xHxDh = attend(q_Bx1xHxDh, k_cache_BxSxKxDh, v_cache_BxSxKxDh,
-                        key_ok_BxS[:, None, :])
-    return self.project_out(o_Bx1xHxDh), k_cache_BxSxKxDh, v_cache_BxSxKxDh
+    k_cache_BxSxHkvxDh = k_cache_BxSxHkvxDh.at[rows_B, index_B].set(
+        k_Bx1xHkvxDh[:, 0].astype(k_cache_BxSxHkvxDh.dtype))
+    v_cache_BxSxHkvxDh = v_cache_BxSxHkvxDh.at[rows_B, index_B].set(
+        v_Bx1xHkvxDh[:, 0].astype(v_cache_BxSxHkvxDh.dtype))
+    o_Bx1xHqxDh = attend(q_Bx1xHqxDh, k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh,
+                         key_ok_BxS[:, None, :])
+    return self.project_out(o_Bx1xHqxDh), k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh

@@ -1,14 +1,18 @@
-"""Sampling from a `DecoderLM`: greedy, temperature and top-k, with or without cache.
+"""Sampling from a `DecoderLM` or a VLM: greedy, temperature and top-k, with or without cache.
 
-Both paths run as one jitted program (nnx.split outside, nnx.merge inside,
-the steps in `lax.scan`):
-  cached    prefill once, then one `decode_step` per new token;
+One `generate` serves both: with `images` the model is a VLM (experiments/vlm)
+whose sequence is [Nv image tokens | prompt | new tokens]. Both paths run as
+one jitted program (nnx.split outside, nnx.merge inside, the steps in
+`lax.scan`):
+  cached    prefill once (for the VLM this builds the PVM branches' visual
+            caches, once per image), then one `decode_step` per new token;
   uncached  the slow reference: every step reruns the full forward over a
             fixed-size buffer (prompt + new tokens) and reads the logits at
             each row's last real token. Causality makes the unfilled tail
             irrelevant, so one compiled shape serves all steps.
 Step i draws with `fold_in(rng, i)` in both paths, so with equal logits they
-draw equal tokens.
+draw equal tokens. With `return_logp` each token's log-probability under the
+untempered policy (log-softmax of the logits; GRPO's old log-probs) comes too.
 """
 
 from __future__ import annotations
@@ -37,34 +41,49 @@ def sample_logits(logits_BxV, rng, *, temperature=1.0, top_k=None, greedy=False)
   return jnp.take_along_axis(idx_BxK, choice_B[:, None], axis=1)[:, 0].astype(jnp.int32)
 
 
+def completion_mask(tokens_BxN, eos: int = 0):
+  """True up to and including the first EOS of each row."""
+  is_eos = tokens_BxN == eos
+  return jnp.cumsum(is_eos, axis=1) - is_eos.astype(jnp.int32) == 0
+
+
 def generate(model, prompt_tokens_BxT, *, prompt_lengths=None, max_new_tokens: int, rng,
              temperature: float = 1.0, top_k: int | None = None, greedy: bool = False,
-             use_cache: bool = True):
+             use_cache: bool = True, images=None, return_logp: bool = False):
   """Continues each (right-padded) prompt by `max_new_tokens` tokens.
 
   Args:
-    model: a `DecoderLM`.
+    model: a `DecoderLM`, or a VLM (then `images` is required).
     prompt_tokens_BxT: int prompts, right-padded to a common length T.
     prompt_lengths: int [B] real prompt tokens per row, each >= 1 (default T).
     max_new_tokens: tokens to generate per row.
     rng: a PRNG key (unused when greedy).
     temperature, top_k, greedy: the sampler (see `sample_logits`).
-    use_cache: KV cache + Lngram decode state (fast) or full recompute (slow).
+    use_cache: KV cache + branch decode states (fast) or full recompute (slow).
+    images: uint8 [B, H, W, 3] for a VLM; None for an LM.
+    return_logp: also return the log-probabilities of the drawn tokens.
 
   Returns:
-    int32 [B, max_new_tokens], the new tokens of each row.
+    int32 [B, max_new_tokens], the new tokens of each row; with `return_logp`
+    (tokens, logp float32 [B, max_new_tokens]).
   """
-  c = model.config
+  is_vlm = hasattr(model, "lm")
+  if is_vlm != (images is not None):
+    raise ValueError("generate: pass images= for a VLM and only for a VLM "
+                     f"(got a {type(model).__name__} and images={images is not None}).")
+  lm_config = model.lm.config if is_vlm else model.config
+  n_prefix = model.config.n_visual if is_vlm else 0
   prompt_tokens_BxT = jnp.asarray(prompt_tokens_BxT, jnp.int32)
   B, T = prompt_tokens_BxT.shape
   if max_new_tokens < 1:
     raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1.")
-  if T + max_new_tokens > c.max_len:
+  if n_prefix + T + max_new_tokens > lm_config.max_len:
     raise ValueError(
-        f"generate: prompt length {T} + max_new_tokens={max_new_tokens} exceeds "
-        f"max_len={c.max_len}.")
-  if top_k is not None and not 1 <= top_k <= c.vocab_size:
-    raise ValueError(f"generate: top_k={top_k} must be in [1, vocab_size={c.vocab_size}].")
+        f"generate: {'Nv + ' if is_vlm else ''}prompt length {n_prefix + T} + "
+        f"max_new_tokens={max_new_tokens} exceeds max_len={lm_config.max_len}.")
+  if top_k is not None and not 1 <= top_k <= lm_config.vocab_size:
+    raise ValueError(
+        f"generate: top_k={top_k} must be in [1, vocab_size={lm_config.vocab_size}].")
   if not greedy and temperature <= 0:
     raise ValueError(f"generate: temperature={temperature} must be > 0 (or greedy=True).")
   lengths_B = (jnp.full((B,), T, jnp.int32) if prompt_lengths is None
@@ -73,35 +92,55 @@ def generate(model, prompt_tokens_BxT, *, prompt_lengths=None, max_new_tokens: i
     raise ValueError(f"generate: prompt_lengths must have shape ({B},); got {lengths_B.shape}.")
   graphdef, state = nnx.split(model)
   run = _generate_cached if use_cache else _generate_uncached
-  return run(graphdef, state, prompt_tokens_BxT, lengths_B, rng,
-             jnp.asarray(temperature, jnp.float32), max_new_tokens=max_new_tokens,
-             top_k=top_k, greedy=greedy)
+  tokens_BxN, logp_BxN = run(
+      graphdef, state, prompt_tokens_BxT, lengths_B,
+      None if images is None else jnp.asarray(images), rng,
+      jnp.asarray(temperature, jnp.float32), max_new_tokens=max_new_tokens, top_k=top_k,
+      greedy=greedy, n_prefix=n_prefix, return_logp=return_logp)
+  return (tokens_BxN, logp_BxN) if return_logp else tokens_BxN
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-def _generate_cached(graphdef, state, prompt_BxT, lengths_B, rng, temperature, *,
-                     max_new_tokens, top_k, greedy):
+def _draw(logits_BxV, rng, i, temperature, top_k, greedy, return_logp):
+  """Token of step i and (when asked) its log-probability under the raw logits."""
+  token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), temperature=temperature,
+                          top_k=top_k, greedy=greedy)
+  if not return_logp:
+    return token_B, None
+  logp_BxV = jax.nn.log_softmax(logits_BxV.astype(jnp.float32), axis=-1)
+  return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=1)[:, 0]
+
+
+_STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "n_prefix", "return_logp")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _generate_cached(graphdef, state, prompt_BxT, lengths_B, images, rng, temperature, *,
+                     max_new_tokens, top_k, greedy, n_prefix, return_logp):
   model = nnx.merge(graphdef, state)
   B, T = prompt_BxT.shape
-  logits_BxTxV, cache = model.prefill(prompt_BxT, lengths=lengths_B,
-                                      cache_len=T + max_new_tokens)
-  logits_BxV = logits_BxTxV[jnp.arange(B), lengths_B - 1]
+  cache_len = n_prefix + T + max_new_tokens
+  if images is None:
+    logits_BxTxV, cache = model.prefill(prompt_BxT, lengths=lengths_B, cache_len=cache_len)
+  else:
+    logits_BxTxV, cache = model.prefill(images, prompt_BxT, lengths=lengths_B,
+                                        cache_len=cache_len)
+  logits_BxV = logits_BxTxV[jnp.arange(B), n_prefix + lengths_B - 1]
 
   def step(carry, i):
     logits_BxV, cache = carry
-    token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i),
-                            temperature=temperature, top_k=top_k, greedy=greedy)
+    token_B, logp_B = _draw(logits_BxV, rng, i, temperature, top_k, greedy, return_logp)
     logits_BxV, cache = model.decode_step(token_B[:, None], cache)
-    return (logits_BxV, cache), token_B
+    return (logits_BxV, cache), (token_B, logp_B)
 
   # The last step's decode is wasted work; it keeps the scan body uniform.
-  _, tokens_NxB = jax.lax.scan(step, (logits_BxV, cache), jnp.arange(max_new_tokens))
-  return tokens_NxB.T
+  _, (tokens_NxB, logp_NxB) = jax.lax.scan(step, (logits_BxV, cache),
+                                           jnp.arange(max_new_tokens))
+  return tokens_NxB.T, None if logp_NxB is None else logp_NxB.T
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-def _generate_uncached(graphdef, state, prompt_BxT, lengths_B, rng, temperature, *,
-                       max_new_tokens, top_k, greedy):
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _generate_uncached(graphdef, state, prompt_BxT, lengths_B, images, rng, temperature, *,
+                       max_new_tokens, top_k, greedy, n_prefix, return_logp):
   model = nnx.merge(graphdef, state)
   B, T = prompt_BxT.shape
   S = T + max_new_tokens
@@ -113,10 +152,13 @@ def _generate_uncached(graphdef, state, prompt_BxT, lengths_B, rng, temperature,
   def step(buffer_BxS, i):
     length_B = lengths_B + i
     valid_BxS = jnp.arange(S)[None, :] < length_B[:, None]
-    logits_BxSxV = model(buffer_BxS, valid=valid_BxS)
-    token_B = sample_logits(logits_BxSxV[rows_B, length_B - 1], jax.random.fold_in(rng, i),
-                            temperature=temperature, top_k=top_k, greedy=greedy)
-    return buffer_BxS.at[rows_B, length_B].set(token_B), token_B
+    if images is None:
+      logits_BxSxV = model(buffer_BxS, valid=valid_BxS)
+    else:
+      logits_BxSxV = model(images, buffer_BxS, valid=valid_BxS)
+    token_B, logp_B = _draw(logits_BxSxV[rows_B, n_prefix + length_B - 1], rng, i,
+                            temperature, top_k, greedy, return_logp)
+    return buffer_BxS.at[rows_B, length_B].set(token_B), (token_B, logp_B)
 
-  _, tokens_NxB = jax.lax.scan(step, buffer_BxS, jnp.arange(max_new_tokens))
-  return tokens_NxB.T
+  _, (tokens_NxB, logp_NxB) = jax.lax.scan(step, buffer_BxS, jnp.arange(max_new_tokens))
+  return tokens_NxB.T, None if logp_NxB is None else logp_NxB.T

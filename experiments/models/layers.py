@@ -1,8 +1,6 @@
 """Small building blocks of the decoder LM: RMSNorm, rotary embeddings, SwiGLU.
 
-Shape legend (as in lngram_jax): B batch, T query time, S key/cache time,
-D model width d, H query heads, K key/value heads, G = H/K, Dh head dim,
-F feed-forward width, V vocabulary.
+Shape legend: experiments/models/__init__.py.
 """
 
 from __future__ import annotations

@@ -1,45 +1,71 @@
-"""A decoder-only LM with Lngram v2 memory branches at chosen layers.
+"""The decoder block, defined once, and the decoder-only LM that runs it in every mode.
 
-Per block (pre-norm; paper §2.4 for the memory branch):
+Per block (pre-norm; x the residual stream):
 
-    x = x + Lngram(x)                  only at `config.lngram_layers`
-    x = x + Attention(RMSNorm(x))      GQA, RoPE, causal, segment-aware
-    x = x + SwiGLU(RMSNorm(x))
+    x = x + memory(x)                          memory slot, at config.memory_layers
+    x = x + Attention(RMSNorm(x))              GQA, RoPE, causal, segment-aware
+    x = x + SwiGLU(RMSNorm(x)) + ffn_branch(x) beside-FFN slot, at config.ffn_branch_layers
+
+The memory slot holds Lngram v2 (paper §2.4: its delta enters before the
+layer's attention); the beside-FFN slot holds PVM or the iso-parameter MLP,
+reading the post-attention x. Branches implement the protocol of
+experiments/models/branches.py, so one `Block.__call__` serves the three modes:
+
+    parallel  the training / scoring forward over whole rows;
+    prefill   the parallel forward over right-padded prompts that also returns
+              each layer's `LayerCache` (K, V and the branch decode states);
+    decode    one token per row against the cache.
 
 Packed rows carry `segment_ids`: attention, the Lngram windows and its conv
 never cross a segment boundary, and positions restart at every segment.
 `valid` marks real tokens (padding reads nothing and the Lngram delta is 0
-there). Logits are float32. Decoding (KV cache + Lngram decode state) is in
-experiments/models/cache.py; these methods are its entry points.
+there). Logits are float32.
 
-Parameter paths (stable; optimiser groups use them): `embed/table`,
-`blocks/<i>/{attn_norm,attn,mlp_norm,mlp}/...`, `blocks/<i>/lngram/...` with
-the Lngram tables at `blocks/<i>/lngram/tables/<j>` and its router at
-`blocks/<i>/lngram/router_w`, `final_norm/scale`, `unembed` when untied.
+Parameter paths (stable; optimiser groups and trainable masks use them):
+`embed/table`, `blocks/<i>/{memory,attn_norm,attn,mlp_norm,mlp,ffn_branch}/...`
+(Lngram tables at `blocks/<i>/memory/tables/<j>`, its router at
+`blocks/<i>/memory/router_w`), `final_norm/scale`, `unembed` when untied.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models import cache as cache_lib
 from experiments.models.attention import Attention
+from experiments.models.branches import BranchContext, make_branch
+from experiments.models.cache import DecodeCache, LayerCache
 from experiments.models.config import LMConfig
 from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segment_positions
 from lngram_jax.layer import LngramV2
 
+Mode = Literal["parallel", "prefill", "decode"]
+
+
+def _run_branch(branch, mode: Mode, x_BxTxD, ctx, state):
+  """(y, aux or state) of one slot branch in the given mode."""
+  if mode == "parallel":
+    return branch.forward(x_BxTxD, ctx)
+  if mode == "prefill":
+    return branch.prefill(x_BxTxD, ctx)
+  return branch.decode_step(x_BxTxD, state, ctx)
+
 
 class Block(nnx.Module):
-  """One pre-norm decoder block, optionally with an Lngram branch in front."""
+  """One pre-norm decoder block with a memory slot and a beside-FFN slot.
+
+  `ffn_branch` is attached by `DecoderLM` after every backbone parameter is
+  drawn (see there); a block built alone has none.
+  """
 
   def __init__(self, config: LMConfig, layer: int, *, rngs: nnx.Rngs):
     c = config
     out_std = c.init_std / math.sqrt(2 * c.n_layers)
-    self.lngram = LngramV2(c.lngram, rngs=rngs) if layer in c.lngram_layers else None
+    self.memory = make_branch(c.memory, rngs=rngs) if layer in c.memory_layers else None
     self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
     self.attn = Attention(
         d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
@@ -48,30 +74,81 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
     self.mlp = SwiGLU(c.d_model, c.ffn_dim, dtype=c.dtype, param_dtype=c.param_dtype,
                       init_std=c.init_std, out_std=out_std, rngs=rngs)
+    self.ffn_branch = None
+    self.cache_dtype = c.dtype
 
-  def __call__(self, x_BxTxD, positions_BxT, segment_ids, valid):
-    """Returns (x_BxTxD, aux) with aux the Lngram diagnostics or {}."""
+  def __call__(self, x_BxTxD, ctx: BranchContext, *, mode: Mode, positions_BxT,
+               cache: LayerCache | None = None, cache_len: int | None = None,
+               index_B=None, key_ok_BxS=None):
+    """One block in one mode.
+
+    parallel  -> (x, aux): aux {"memory/<name>", "ffn_branch/<name>"} and, with
+                 ctx.probe, "attn/probs" [B, Hq, T, T].
+    prefill   -> (x, LayerCache with `cache_len` slots); ctx.valid_BxT and
+                 ctx.lengths_B describe the prompt.
+    decode    -> (x_Bx1xD, next LayerCache); `cache` is this layer's, `index_B`
+                 the slot to write, `key_ok_BxS` the slots to read (new one marked).
+    """
+    states = {"memory": None, "ffn_branch": None}
     aux = {}
-    if self.lngram is not None:
-      y_BxTxD, lngram_aux = self.lngram(x_BxTxD, segment_ids=segment_ids, valid=valid,
-                                        return_aux=True)
-      x_BxTxD = x_BxTxD + y_BxTxD.astype(x_BxTxD.dtype)
-      aux = {"codes": lngram_aux["codes"], "route_mass": lngram_aux["route_mass"]}
-    x_BxTxD = x_BxTxD + self.attn(self.attn_norm(x_BxTxD), positions_BxT,
-                                  segment_ids=segment_ids, valid=valid)
+
+    def branch(slot, x_BxTxD):
+      y_BxTxD, out = _run_branch(getattr(self, slot), mode, x_BxTxD, ctx,
+                                 None if cache is None else getattr(cache, f"{slot}_state"))
+      if mode == "parallel":
+        aux.update({f"{slot}/{name}": v for name, v in out.items()})
+      else:
+        states[slot] = out
+      return y_BxTxD.astype(x_BxTxD.dtype)
+
+    if self.memory is not None:
+      x_BxTxD = x_BxTxD + branch("memory", x_BxTxD)
+    h_BxTxD = self.attn_norm(x_BxTxD)
+    if mode == "decode":
+      attn_BxTxD, k_cache, v_cache = self.attn.decode(
+          h_BxTxD, positions_BxT, cache.k_BxSxHkvxDh, cache.v_BxSxHkvxDh, index_B=index_B,
+          key_ok_BxS=key_ok_BxS)
+    else:
+      attn_BxTxD, extras = self.attn(
+          h_BxTxD, positions_BxT, segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT,
+          return_kv=True, return_probs=True)
+      if ctx.probe:
+        aux["attn/probs"] = extras["probs"]
+    x_BxTxD = x_BxTxD + attn_BxTxD
+    y_ffn_BxTxD = None if self.ffn_branch is None else branch("ffn_branch", x_BxTxD)
     x_BxTxD = x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD))
-    return x_BxTxD, aux
+    if y_ffn_BxTxD is not None:
+      x_BxTxD = x_BxTxD + y_ffn_BxTxD
+    if mode == "parallel":
+      return x_BxTxD, aux
+    if mode == "prefill":
+      T = x_BxTxD.shape[1]
+      pad = ((0, 0), (0, cache_len - T), (0, 0), (0, 0))
+      k_cache = jnp.pad(extras["k"].astype(self.cache_dtype), pad)
+      v_cache = jnp.pad(extras["v"].astype(self.cache_dtype), pad)
+    return x_BxTxD, LayerCache(k_BxSxHkvxDh=k_cache, v_BxSxHkvxDh=v_cache,
+                               memory_state=states["memory"],
+                               ffn_branch_state=states["ffn_branch"])
+
+  def init_cache(self, batch: int, max_len: int, ctx: BranchContext) -> LayerCache:
+    kv_shape = (batch, max_len, self.attn.n_kv_heads, self.attn.head_dim)
+    return LayerCache(
+        k_BxSxHkvxDh=jnp.zeros(kv_shape, self.cache_dtype),
+        v_BxSxHkvxDh=jnp.zeros(kv_shape, self.cache_dtype),
+        memory_state=None if self.memory is None else self.memory.init_decode_state(batch, ctx),
+        ffn_branch_state=None if self.ffn_branch is None
+        else self.ffn_branch.init_decode_state(batch, ctx))
 
 
-def _run_block(block, x_BxTxD, positions_BxT, segment_ids, valid):
-  return block(x_BxTxD, positions_BxT, segment_ids, valid)
+def _parallel_block(block, x_BxTxD, ctx, positions_BxT):
+  return block(x_BxTxD, ctx, mode="parallel", positions_BxT=positions_BxT)
 
 
-_run_block_remat = nnx.remat(_run_block)
+_parallel_block_remat = nnx.remat(_parallel_block)
 
 
 class DecoderLM(nnx.Module):
-  """Decoder-only Transformer LM over byte tokens, with optional Lngram layers."""
+  """Decoder-only Transformer LM over byte tokens, with optional slot branches."""
 
   def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
     c = config
@@ -82,6 +159,12 @@ class DecoderLM(nnx.Module):
     self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
     self.unembed = None if c.tie_embeddings else nnx.Param(
         normal(c.init_std)(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
+    # Beside-FFN branches are drawn after the whole backbone, in layer order: the
+    # backbone then draws the same numbers with or without them (a model with a
+    # branch starts exactly at the base model of the same seed), and the VLM's
+    # PVM / MLP inits equal those of its earlier layout (`branches/<i>`).
+    for i in c.ffn_branch_layers:
+      self.blocks[i].ffn_branch = nnx.data(make_branch(c.ffn_branch, rngs=rngs))
 
   def logits(self, x_BxTxD):
     """Final norm and output projection; float32 logits [B, T, V]."""
@@ -92,52 +175,123 @@ class DecoderLM(nnx.Module):
                       preferred_element_type=jnp.float32)
 
   def __call__(self, tokens_BxT, *, segment_ids=None, positions=None, valid=None,
-               return_aux=False):
-    """logits_BxTxV (float32); with `return_aux` also a dict of Lngram diagnostics.
+               return_aux=False, context: BranchContext | None = None):
+    """logits_BxTxV (float32); with `return_aux` also a dict of diagnostics.
 
-    aux keys: `lngram/<layer>/codes` int32 [B, T, R] and
-    `lngram/<layer>/route_mass` [B, T, Hq] (mass on real routes, not the sink).
+    aux keys: `memory/<layer>/<name>` (Lngram: `codes` int32 [B, T, R],
+    `route_mass` [B, T, Hq], the mass on real routes, not the sink) and
+    `ffn_branch/<layer>/<name>`; with `context.probe` also
+    `attn/<layer>/probs` [B, Hq, T, T], `ffn_branch/<layer>/probs` (PVM:
+    [B, T, Hq, Nv]) and `block/<layer>/hidden` [B, T, D] (each block's output).
     """
     if tokens_BxT.ndim != 2 or not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
       raise ValueError(
           f"tokens must be an int [B, T] array; got {tokens_BxT.dtype} {tokens_BxT.shape}.")
+    context = (context or BranchContext()).replace(tokens_BxT=tokens_BxT)
     return self.forward_embedded(self.embed(tokens_BxT), segment_ids=segment_ids,
-                                 positions=positions, valid=valid, return_aux=return_aux)
+                                 positions=positions, valid=valid, return_aux=return_aux,
+                                 context=context)
 
   def forward_embedded(self, x_BxTxD, *, segment_ids=None, positions=None, valid=None,
-                       return_aux=False):
-    """The forward from input embeddings [B, T, d] (a continuous input path)."""
+                       return_aux=False, context: BranchContext | None = None):
+    """The forward from input embeddings [B, T, d] (a continuous input path).
+
+    `context` carries what branches read besides x (text mask, visual tokens,
+    token ids, the probe flag); segment_ids and valid are set from the args.
+    """
     B, T = x_BxTxD.shape[:2]
     if T > self.config.max_len:
       raise ValueError(f"sequence length T={T} exceeds max_len={self.config.max_len}.")
     positions_BxT = default_positions((B, T), segment_ids, positions)
-    run = _run_block_remat if self.config.remat else _run_block
+    ctx = (context or BranchContext()).replace(segment_ids_BxT=segment_ids, valid_BxT=valid)
+    run = _parallel_block_remat if self.config.remat else _parallel_block
     aux = {}
     for i, block in enumerate(self.blocks):
-      x_BxTxD, block_aux = run(block, x_BxTxD, positions_BxT, segment_ids, valid)
-      for name, value in block_aux.items():
-        aux[f"lngram/{i}/{name}"] = value
+      x_BxTxD, block_aux = run(block, x_BxTxD, ctx, positions_BxT)
+      for key, value in block_aux.items():
+        slot, name = key.split("/", 1)
+        aux[f"{slot}/{i}/{name}"] = value
+      if ctx.probe:
+        aux[f"block/{i}/hidden"] = x_BxTxD
     logits_BxTxV = self.logits(x_BxTxD)
     return (logits_BxTxV, aux) if return_aux else logits_BxTxV
 
-  # --- decoding (experiments/models/cache.py) ---------------------------------
+  # --- decoding ---------------------------------------------------------------
 
-  def init_cache(self, batch: int, max_len: int) -> cache_lib.DecodeCache:
+  def init_cache(self, batch: int, max_len: int, *,
+                 context: BranchContext | None = None) -> DecodeCache:
     """An empty cache of `max_len` slots per row (prompt + new tokens)."""
-    return cache_lib.init_cache(self, batch, max_len)
+    if max_len < 1:
+      raise ValueError(f"init_cache: max_len={max_len} must be >= 1.")
+    ctx = context or BranchContext()
+    return DecodeCache(
+        layers=tuple(block.init_cache(batch, max_len, ctx) for block in self.blocks),
+        index_B=jnp.zeros((batch,), jnp.int32),
+        position_B=jnp.zeros((batch,), jnp.int32),
+        key_ok_BxS=jnp.zeros((batch, max_len), bool))
 
-  def prefill(self, tokens_BxT, *, lengths=None, segment_ids=None, cache_len=None):
+  def prefill(self, tokens_BxT, *, lengths=None, segment_ids=None, cache_len=None,
+              context: BranchContext | None = None):
     """Parallel forward over right-padded prompts; returns (logits_BxTxV, cache).
 
     lengths: int [B] real tokens per row (default all T). cache_len: slots of
-    the returned cache (default config.max_len).
+    the returned cache (default config.max_len). Logits at t < lengths[b]
+    equal `model(tokens, segment_ids=, valid=t < lengths)`.
     """
-    return cache_lib.prefill(self, tokens_BxT, lengths=lengths, segment_ids=segment_ids,
-                             cache_len=cache_len)
+    context = (context or BranchContext()).replace(tokens_BxT=tokens_BxT)
+    return self.prefill_embedded(self.embed(tokens_BxT), lengths=lengths,
+                                 segment_ids=segment_ids, cache_len=cache_len, context=context)
 
-  def decode_step(self, tokens_Bx1, cache: cache_lib.DecodeCache):
+  def prefill_embedded(self, x_BxTxD, *, lengths=None, segment_ids=None, cache_len=None,
+                       context: BranchContext | None = None):
+    """`prefill` from input embeddings. The cache continues each row after its
+    last real token, in that token's segment, at the position after it."""
+    B, T = x_BxTxD.shape[:2]
+    cache_len = self.config.max_len if cache_len is None else cache_len
+    if T > cache_len:
+      raise ValueError(f"prefill: prompt length T={T} exceeds cache_len={cache_len}.")
+    lengths_B = (jnp.full((B,), T, jnp.int32) if lengths is None
+                 else jnp.asarray(lengths, jnp.int32))
+    valid_BxT = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
+    positions_BxT = default_positions((B, T), segment_ids, None)
+    rows_B = jnp.arange(B)
+    last_B = jnp.clip(lengths_B - 1, 0, T - 1)
+    key_ok_BxT = valid_BxT
+    if segment_ids is not None:
+      key_ok_BxT = key_ok_BxT & (segment_ids == segment_ids[rows_B, last_B][:, None])
+    ctx = (context or BranchContext()).replace(
+        segment_ids_BxT=segment_ids, valid_BxT=valid_BxT, lengths_B=lengths_B)
+    layers = []
+    for block in self.blocks:
+      x_BxTxD, layer_cache = block(x_BxTxD, ctx, mode="prefill", positions_BxT=positions_BxT,
+                                   cache_len=cache_len)
+      layers.append(layer_cache)
+    cache = DecodeCache(
+        layers=tuple(layers),
+        index_B=lengths_B,
+        position_B=positions_BxT[rows_B, last_B] + 1,
+        key_ok_BxS=jnp.pad(key_ok_BxT, ((0, 0), (0, cache_len - T))))
+    return self.logits(x_BxTxD), cache
+
+  def decode_step(self, tokens_Bx1, cache: DecodeCache, *,
+                  context: BranchContext | None = None):
     """Feeds one token per row; returns (logits_BxV float32, new cache)."""
-    return cache_lib.decode_step(self, tokens_Bx1, cache)
+    B = tokens_Bx1.shape[0]
+    if tokens_Bx1.shape != (B, 1):
+      raise ValueError(f"decode_step: tokens must be [B, 1]; got {tuple(tokens_Bx1.shape)}.")
+    rows_B = jnp.arange(B)
+    key_ok_BxS = cache.key_ok_BxS.at[rows_B, cache.index_B].set(True)
+    ctx = (context or BranchContext()).replace(tokens_BxT=tokens_Bx1)
+    x_Bx1xD = self.embed(tokens_Bx1)
+    layers = []
+    for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
+      x_Bx1xD, layer_cache = block(x_Bx1xD, ctx, mode="decode",
+                                   positions_BxT=cache.position_B[:, None], cache=layer_cache,
+                                   index_B=cache.index_B, key_ok_BxS=key_ok_BxS)
+      layers.append(layer_cache)
+    new_cache = DecodeCache(layers=tuple(layers), index_B=cache.index_B + 1,
+                            position_B=cache.position_B + 1, key_ok_BxS=key_ok_BxS)
+    return self.logits(x_Bx1xD)[:, 0], new_cache
 
 
 def default_positions(batch_time, segment_ids, positions):
@@ -153,17 +307,16 @@ def default_positions(batch_time, segment_ids, positions):
 
 
 def liven_lngram(model: DecoderLM, *, key: int, w_o_std: float, conv_std: float) -> DecoderLM:
-  """Draws nonzero W_O and conv taps for every Lngram branch, in place.
+  """Draws nonzero W_O and conv taps for every Lngram memory branch, in place.
 
   Both are zero at init (the branch then adds exactly nothing), so tests and
-  benchmarks that need the branch to do real work call this; branch i draws
+  benchmarks that need the branch to do real work call this; layer i draws
   from jax.random.key(key + i).
   """
   for i, block in enumerate(model.blocks):
-    if block.lngram is not None:
+    if isinstance(block.memory, LngramV2):
       k1, k2 = jax.random.split(jax.random.key(key + i))
-      block.lngram.w_o[...] = w_o_std * jax.random.normal(k1, block.lngram.w_o.shape)
-      block.lngram.conv_kernel[...] = conv_std * jax.random.normal(
-          k2, block.lngram.conv_kernel.shape)
+      block.memory.w_o[...] = w_o_std * jax.random.normal(k1, block.memory.w_o.shape)
+      block.memory.conv_kernel[...] = conv_std * jax.random.normal(
+          k2, block.memory.conv_kernel.shape)
   return model
-

@@ -1,5 +1,10 @@
-"""Training and evaluation as library functions (the CLI and notebooks call them)."""
+"""Training and evaluation as library functions (the CLI and notebooks call them).
 
-from experiments.train.loop import abstract_like, init_model, saved_config, train
+One loop (`loop.train`) for every run, fed by a `task.Task`; the LM task is
+`lm_task.lm_task`, the VLM stages' `experiments.vlm.run.vlm_task`.
+"""
 
-__all__ = ["abstract_like", "init_model", "saved_config", "train"]
+from experiments.train.loop import abstract_like, train
+from experiments.train.task import BatchSource, Task, make_task, saved_config
+
+__all__ = ["BatchSource", "Task", "abstract_like", "make_task", "saved_config", "train"]

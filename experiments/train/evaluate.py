@@ -5,30 +5,40 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from experiments.checkpoint import restore
-from experiments.configs.base import corpus_spec
-from experiments.models import generate
-from experiments.train import step as step_lib
+from experiments.checkpoint.restore import restore_module
+from experiments.data.corpus import corpus_spec
+from experiments.models.generate import generate
 
 
 def evaluate_run(workdir, *, step: int | None = None, max_batches: int | None = None) -> dict:
   """Validation bits per byte (and Lngram metrics) of a checkpoint in `workdir`.
 
   Data settings come from the run's saved config; `max_batches` overrides
-  data.eval_batches.
+  data.eval_batches. An LM command: a VLM run is evaluated by `analyze`.
   """
-  from experiments.data import eval_batches, load_corpus  # needs grain
+  import ml_collections
 
-  model, config = restore(workdir, step)
+  from experiments.data import eval_batches, load_corpus  # needs grain
+  from experiments.train.lm_task import evaluate_model
+
+  model, saved, _ = restore_module(workdir, step)
+  require_lm(saved, workdir, "eval")
+  config = ml_collections.ConfigDict(saved["experiment"])
   dc = config.data
   corpus = load_corpus(corpus_spec(config))
   batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                          max_batches=max_batches or dc.eval_batches)
-  graphdef, params = nnx.split(model, nnx.Param)
-  eval_step = step_lib.make_eval_step(graphdef, model.config.lngram)
-  return step_lib.evaluate(eval_step, nnx.to_pure_dict(params), batches)
+  return evaluate_model(model, batches)
+
+
+def require_lm(saved: dict, workdir, command: str) -> None:
+  """`eval` and `sample` read text runs; a VLM run says so clearly."""
+  if saved.get("kind", "lm") != "lm":
+    raise ValueError(
+        f"lngram-exp {command} is an LM command, and {workdir} is a VLM run; use "
+        f"`lngram-exp analyze --workdir={workdir}` (accuracy by length, attention decay, "
+        "LogitLens, grounding) instead.")
 
 
 def encode(text: str) -> np.ndarray:

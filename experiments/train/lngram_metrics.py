@@ -1,11 +1,13 @@
 """Diagnostics of Lngram layers: how the router uses its codes and the tables.
 
-Accumulated over evaluation batches from the model's aux outputs
-(`lngram/<layer>/codes` [B, T, R] and `lngram/<layer>/route_mass` [B, T, Hq]):
+Accumulated over evaluation batches from the model's aux outputs of the
+memory slots holding Lngram (`memory/<layer>/codes` [B, T, R] and
+`memory/<layer>/route_mass` [B, T, Hq]); the summaries are named
+`lngram/<layer>/...`:
 
   route_mass      mean probability mass on real routes (the rest is the sink).
   effective_codes exp(entropy) of each route's code histogram, averaged over
-                  routes: K when every code is used equally, 1 when one is.
+                  routes: C when every code is used equally, 1 when one is.
   dead_code_frac  share of (route, code) pairs never emitted.
   rows_touched/n  share of the order-n table's rows read by some valid window.
 
@@ -22,22 +24,23 @@ from lngram_jax.addressing import ngram_rows
 
 
 def lngram_layers(aux: dict) -> list[int]:
-  """Layer indices present in a model's aux dict, ascending."""
-  return sorted({int(k.split("/")[1]) for k in aux if k.startswith("lngram/")})
+  """Layers whose memory slot reported Lngram codes in a model's aux dict, ascending."""
+  return sorted({int(k.split("/")[1]) for k in aux
+                 if k.startswith("memory/") and k.endswith("/codes")})
 
 
 def code_histogram(codes_BxTxR, valid_BxT, codes_per_route: int):
-  """Counts [R, K] of each route's codes over valid tokens."""
-  R, K = codes_BxTxR.shape[-1], codes_per_route
-  flat_BxTxR = codes_BxTxR.astype(jnp.int32) + jnp.arange(R, dtype=jnp.int32) * K
+  """Counts [R, C] of each route's codes over valid tokens."""
+  R, C = codes_BxTxR.shape[-1], codes_per_route
+  flat_BxTxR = codes_BxTxR.astype(jnp.int32) + jnp.arange(R, dtype=jnp.int32) * C
   weights_BxTxR = jnp.broadcast_to(valid_BxT[:, :, None], codes_BxTxR.shape)
-  counts = jnp.zeros((R * K,), jnp.float32).at[flat_BxTxR.reshape(-1)].add(
+  counts = jnp.zeros((R * C,), jnp.float32).at[flat_BxTxR.reshape(-1)].add(
       weights_BxTxR.reshape(-1).astype(jnp.float32))
-  return counts.reshape(R, K)
+  return counts.reshape(R, C)
 
 
 def rows_touched(codes_BxTxR, segment_ids_BxT, valid_BxT, *, order: int, bits: int):
-  """Indicator [R·K^n] of table rows read by a valid window of order n."""
+  """Indicator [R·C^n] of table rows read by a valid window of order n."""
   R = codes_BxTxR.shape[-1]
   rows_BxTxR, ok_BxT = ngram_rows(codes_BxTxR, order=order, bits=bits,
                                   segment_ids=segment_ids_BxT, valid=valid_BxT)
@@ -52,8 +55,8 @@ def accumulate_stats(aux: dict, lngram_config, segment_ids_BxT, valid_BxT) -> di
   w_BxT = valid_BxT.astype(jnp.float32)
   stats = {}
   for layer in lngram_layers(aux):
-    codes_BxTxR = aux[f"lngram/{layer}/codes"]
-    mass_BxT = aux[f"lngram/{layer}/route_mass"].astype(jnp.float32).mean(-1)
+    codes_BxTxR = aux[f"memory/{layer}/codes"]
+    mass_BxT = aux[f"memory/{layer}/route_mass"].astype(jnp.float32).mean(-1)
     stats[f"{layer}/mass_sum"] = (mass_BxT * w_BxT).sum()
     stats[f"{layer}/tokens"] = w_BxT.sum()
     stats[f"{layer}/codes"] = code_histogram(codes_BxTxR, valid_BxT, c.codes_per_route)
@@ -72,12 +75,12 @@ def merge_stats(total: dict | None, batch: dict) -> dict:
           for k, v in batch.items()}
 
 
-def effective_codes(counts_RxK: np.ndarray) -> np.ndarray:
+def effective_codes(counts_RxC: np.ndarray) -> np.ndarray:
   """exp(entropy) of each route's code distribution: [R]."""
-  counts_RxK = np.asarray(counts_RxK, np.float64)
-  p_RxK = counts_RxK / np.maximum(counts_RxK.sum(-1, keepdims=True), 1.0)
-  logp = np.log(np.where(p_RxK > 0, p_RxK, 1.0))
-  return np.exp(-(p_RxK * logp).sum(-1))
+  counts_RxC = np.asarray(counts_RxC, np.float64)
+  p_RxC = counts_RxC / np.maximum(counts_RxC.sum(-1, keepdims=True), 1.0)
+  logp = np.log(np.where(p_RxC > 0, p_RxC, 1.0))
+  return np.exp(-(p_RxC * logp).sum(-1))
 
 
 def summarise(stats: dict) -> dict[str, float]:
@@ -87,11 +90,11 @@ def summarise(stats: dict) -> dict[str, float]:
   for layer in layers:
     tokens = max(float(stats[f"{layer}/tokens"]), 1.0)
     mass = float(stats[f"{layer}/mass_sum"]) / tokens
-    counts_RxK = stats[f"{layer}/codes"]
+    counts_RxC = stats[f"{layer}/codes"]
     out[f"lngram/{layer}/route_mass"] = mass
     out[f"lngram/{layer}/sink_mass"] = 1.0 - mass
-    out[f"lngram/{layer}/effective_codes"] = float(effective_codes(counts_RxK).mean())
-    out[f"lngram/{layer}/dead_code_frac"] = float((counts_RxK == 0).mean())
+    out[f"lngram/{layer}/effective_codes"] = float(effective_codes(counts_RxC).mean())
+    out[f"lngram/{layer}/dead_code_frac"] = float((counts_RxC == 0).mean())
     for key in sorted(k for k in stats if k.startswith(f"{layer}/rows/")):
       n = key.rsplit("/", 1)[1]
       out[f"lngram/{layer}/rows_touched/{n}"] = float(stats[key].mean())

@@ -1,14 +1,19 @@
-"""`train(config, workdir)`: the training loop as a library function.
+"""`train(config, workdir)`: the one training loop, for the LM and every VLM stage.
 
-    corpus -> manifest -> packed, shuffled batches (grain)
-    model + AdamW groups -> jitted step (state donated)
-    every step:   dispatch step s, then fetch step s-1's metrics (no host sync
+    task (experiments/train/task.py): module, batches, loss hook, phases, ...
+    params + the one optimiser (AdamW groups, warmup + cosine, clipping, a
+    trainable mask) -> jitted step (state donated), one per phase
+    every step:   [host-side batch preparation given the current params],
+                  dispatch step s, then fetch step s-1's metrics (no host sync
                   on the step just dispatched); NaN/Inf -> FloatingPointError
-    eval_every:   validation bits per byte + Lngram metrics
+    phase start:  a fresh optimiser state and the phase's own schedule (and
+                  the task's `phase_reset` leaves back at their initial values)
+    eval_every:   the task's evaluation
     ckpt_every:   orbax checkpoint of params, optimizer, step, RNG, data
-                  iterator and config, written only after that step's metrics
-                  were checked, so every checkpoint on disk is a good one
+                  source state and config, written only after that step's
+                  metrics were checked, so every checkpoint on disk is a good one
     SIGTERM / Ctrl-C: finish the current step, save, return (interrupted)
+    the end:      the task's `finish` (VLM: accuracy by length, metrics.json)
 
 Rerunning with the same workdir resumes from the newest valid checkpoint and
 continues bit for bit as if the run had not stopped.
@@ -17,7 +22,6 @@ continues bit for bit as if the run had not stopped.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import threading
@@ -29,28 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments.checkpoint.manager import Checkpointer
-from experiments.configs.base import corpus_spec, lm_config
-from experiments.data import load_corpus, write_manifest
-from experiments.models import DecoderLM
+from experiments.checkpoint import run_checkpointer
 from experiments.train import optimizer as optim_lib
 from experiments.train import step as step_lib
 from experiments.train import writers
+from experiments.train.task import Task, make_task
+from lngram_jax.checkpoint import Checkpointer
 
 log = logging.getLogger("experiments")
-
-
-def saved_config(config) -> dict:
-  """What a checkpoint stores: the experiment config and the resolved model config."""
-  return {"experiment": json.loads(config.to_json_best_effort()),
-          "model": lm_config(config).to_dict()}
-
-
-def init_model(config):
-  """(graphdef, params as a pure dict) of a freshly initialised model."""
-  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
-  graphdef, params = nnx.split(model, nnx.Param)
-  return graphdef, nnx.to_pure_dict(params)
 
 
 def abstract_like(tree):
@@ -59,18 +49,20 @@ def abstract_like(tree):
                       tree)
 
 
-def train(config, workdir, *, callback=None) -> dict:
+def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
   """Trains (or resumes) the run in `workdir`; returns its final state summary.
 
   Args:
-    config: an experiment ConfigDict (see experiments/configs/base.py).
-    workdir: run directory (checkpoints, metrics, manifest, plots).
+    config: an experiment ConfigDict (experiments/configs/*.py).
+    workdir: run directory (checkpoints, metrics, plots, the task's files).
     callback: optional `callback(step, batch)`, called with each step's number
       (1-based) and host batch just before the step runs; tests use it to
       record the data order, poison a batch or send a signal.
+    task: the run's task; default `make_task(config, workdir)`.
 
   Returns:
-    {"step", "eval" (last evaluation), "interrupted", "workdir"}.
+    {"step", "eval" (last evaluation), "interrupted", "workdir", "final" (what
+    the task's `finish` returned, {} if none or interrupted)}.
 
   Raises:
     FloatingPointError: a metric became NaN/Inf (names the step and metric);
@@ -78,72 +70,94 @@ def train(config, workdir, *, callback=None) -> dict:
   """
   workdir = Path(workdir).expanduser().resolve()
   workdir.mkdir(parents=True, exist_ok=True)
-  tc, dc = config.train, config.data
-  total = int(tc.steps)
-  lm_cfg = lm_config(config)
+  tc = config.train
+  task = task or make_task(config, workdir)
+  total = task.total_steps
+  ends = np.cumsum(task.phases).tolist()   # last step of each phase
 
-  # grain is imported here, not at module level: notebooks and machines
-  # without grain still import this package (restore, evaluate, metrics).
-  from experiments.data.pipeline import TrainIterator, eval_batches
-
-  corpus = load_corpus(corpus_spec(config))
-  write_manifest(corpus, workdir)
-  data = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size, seed=dc.seed)
-  val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
-                             max_batches=dc.eval_batches)
-
-  graphdef, params = init_model(config)
-  tx = optim_lib.make_optimizer(config.optim, params, total)
-  state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+  graphdef, params, rest = nnx.split(task.module, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  txs = [optim_lib.make_optimizer(task.optim, params, steps, trainable=task.trainable)
+         for steps in task.phases]
+  state = {"params": params, "opt_state": txs[0].init(params),
+           "step": jnp.zeros((), jnp.int32)}
   rng = jax.random.key(tc.seed)
-  meta_config = saved_config(config)
-  ckpt = Checkpointer(workdir, max_to_keep=tc.max_to_keep, async_save=tc.async_checkpoint)
+  # Leaves that restart from their initial values at every phase (host copies:
+  # the initial device arrays are donated by the first step).
+  phase_init = {}
+  if task.phase_reset is not None:
+    phase_init = {optim_lib.path_str(p): np.array(x) for p, x in
+                  jax.tree_util.tree_flatten_with_path(params)[0]
+                  if task.phase_reset(optim_lib.path_str(p))}
+  ckpt = run_checkpointer(workdir, max_to_keep=tc.max_to_keep, async_save=tc.async_checkpoint)
 
   start = 0
   if ckpt.latest_step() is not None:
-    state, rng, start = _resume(ckpt, state, data, meta_config)
-  log.info("run %s: %s; corpus %d train / %d validation bytes; groups %s",
-           workdir, f"resuming at step {start}" if start else "new",
-           corpus.train_bytes, corpus.val_bytes, optim_lib.group_sizes(params))
+    state, rng, start = _resume(ckpt, state, task)
+  log.info("run %s: %s; %s; %d steps in phases %s; groups %s", workdir,
+           f"resuming at step {start}" if start else "new", task.description, total,
+           list(task.phases), optim_lib.group_sizes(params, task.trainable))
 
-  train_step = step_lib.make_train_step(
-      graphdef, tx, optim_lib.learning_rate_schedule(config.optim, total))
-  eval_step = step_lib.make_eval_step(graphdef, lm_cfg.lngram)
+  steps_by_phase = {}
+
+  def train_step(phase):
+    if phase not in steps_by_phase:
+      lr_fn = optim_lib.learning_rate_schedule(task.optim, task.phases[phase])
+      steps_by_phase[phase] = step_lib.make_train_step(
+          graphdef, txs[phase], lr_fn, task.loss, phase_start=ends[phase] - task.phases[phase])
+    return steps_by_phase[phase]
+
+  def module():
+    return nnx.merge(graphdef, state["params"], rest)
+
   writer = writers.MetricsWriter(workdir, resume_step=start)
-  tokens_per_step = dc.batch_size * dc.seq_len
-  progress = writers.Progress(total, start=start, tokens_per_step=tokens_per_step,
+  progress = writers.Progress(total, start=start, tokens_per_step=task.tokens_per_step,
                               every=tc.log_every, enabled=tc.progress)
 
   def save(step):
     ckpt.save(step, params=state["params"], opt_state=state["opt_state"], rng=rng,
-              data_state=data.get_state(), config=meta_config)
+              data_state=task.batches.get_state(), config=task.saved_config)
+
+  def evaluate(step):
+    result = task.evaluate(module()) if task.evaluate is not None else {}
+    if result:
+      writer.write(step, result)
+      log.info("step %d: %s", step, _headline(result))
+    return result
 
   last_eval, interrupted = {}, False
   pending = None  # (step, device metrics) not yet fetched
   clock = _Clock(start)
   step = start
+  t0 = time.perf_counter()
   try:
     with _StopOnSignal() as stop:
       for step in range(start + 1, total + 1):
-        batch = next(data)
+        phase = int(np.searchsorted(ends, step))   # the phase that holds `step`
+        if phase > 0 and step == ends[phase - 1] + 1:
+          # A new phase: fresh optimiser moments and count (its own schedule).
+          state["params"] = _reset_leaves(state["params"], phase_init)
+          state["opt_state"] = txs[phase].init(state["params"])
+          log.info("step %d: phase %d of %d (%d steps)", step, phase + 1, len(ends),
+                   task.phases[phase])
+        batch = next(task.batches)
+        if task.prepare is not None:
+          batch = task.prepare(module(), batch, step)
         if callback is not None:
           callback(step, batch)
-        state, metrics = train_step(state, batch)
+        state, metrics = train_step(phase)(state, rest, batch)
         # Fetch the previous step's metrics while this one runs.
         if pending is not None:
-          _check_and_log(*pending, writer, progress, clock, tc.log_every, tokens_per_step)
+          _check_and_log(*pending, writer, progress, clock, tc.log_every, task.tokens_per_step)
         pending = (step, metrics)
         boundary = (step % tc.ckpt_every == 0 or step % tc.eval_every == 0
                     or step == total or stop.requested)
         if not boundary:
           continue
-        _check_and_log(*pending, writer, progress, clock, tc.log_every, tokens_per_step)
+        _check_and_log(*pending, writer, progress, clock, tc.log_every, task.tokens_per_step)
         pending = None
         if step % tc.eval_every == 0 or step == total:
-          last_eval = step_lib.evaluate(eval_step, state["params"], val_batches)
-          writer.write(step, last_eval)
-          log.info("step %d: validation %.4f bits/byte", step,
-                   last_eval["eval/bits_per_byte"])
+          last_eval = evaluate(step)
         if step % tc.ckpt_every == 0 or step == total or stop.requested:
           save(step)
         if stop.requested:
@@ -158,23 +172,43 @@ def train(config, workdir, *, callback=None) -> dict:
     progress.close()
     ckpt.close()  # waits for the last asynchronous save
     writer.close()
+  train_seconds = time.perf_counter() - t0
   if start >= total:
     log.info("run %s already has %d of %d steps.", workdir, start, total)
-    last_eval = step_lib.evaluate(eval_step, state["params"], val_batches)
+    last_eval = task.evaluate(module()) if task.evaluate is not None else {}
   writers.plot_curves(workdir)
+  final = {}
+  if not interrupted and task.finish is not None:
+    final = task.finish(module(), {"step": int(step), "train_seconds": train_seconds,
+                                   "resumed_from": start, "workdir": workdir})
   return {"step": int(step), "eval": last_eval, "interrupted": interrupted,
-          "workdir": str(workdir)}
+          "workdir": str(workdir), "final": final}
 
 
-def _resume(ckpt: Checkpointer, state, data, meta_config):
+def _reset_leaves(params, initial: dict):
+  if not initial:
+    return params
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: jnp.asarray(initial.get(optim_lib.path_str(p), x), x.dtype), params)
+
+
+def _headline(result: dict) -> str:
+  if "eval/bits_per_byte" in result:
+    return f"validation {result['eval/bits_per_byte']:.4f} bits/byte"
+  return ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())[:4])
+
+
+def _resume(ckpt: Checkpointer, state, task: Task):
   restored = ckpt.restore_latest_valid(abstract_params=abstract_like(state["params"]),
                                        abstract_opt_state=abstract_like(state["opt_state"]))
-  if restored["config"]["model"] != meta_config["model"]:
+  saved = restored["config"]
+  if saved.get("model") != task.saved_config["model"] or (
+      saved.get("trained", {}) != task.saved_config.get("trained", {})):
     raise ValueError(
-        f"{ckpt.directory} holds a run of a different model "
-        f"({restored['config']['model']}); use a new --workdir.")
+        f"{ckpt.directory} holds a run of a different model ({saved.get('model')}); "
+        "use a new --workdir.")
   step = int(restored["meta"]["step"])
-  data.set_state(restored["data"])
+  task.batches.set_state(restored["data"])
   opt_state = jax.tree.unflatten(jax.tree.structure(state["opt_state"]),
                                  jax.tree.leaves(restored["opt_state"]))
   state = {"params": restored["params"], "opt_state": opt_state,

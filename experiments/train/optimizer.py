@@ -1,46 +1,69 @@
-"""AdamW with parameter groups, warmup + cosine, global-norm clipping (DESIGN.md §2).
+"""The one optimiser: AdamW groups, warmup + cosine, global-norm clipping, a trainable mask.
 
-Groups, chosen from each parameter's path in the model's pure-dict state:
-  table     Lngram tables (`.../lngram/tables/<j>`): table_lr_mult × the base
-            learning rate (paper Table 13: 4e-4 vs 1e-4), no weight decay.
+Groups, chosen from each parameter's path in the trained module's pure-dict
+state (DESIGN.md §2, "optimiser groups"; paper Table 13):
+  table     memory tables (`.../memory/tables/<j>`): table_lr_mult × the base
+            learning rate (4e-4 vs 1e-4 in the paper), no weight decay.
   no_decay  the Lngram router (`router_w`) and every norm scale: no weight
             decay (decaying a router or a norm gain pulls it towards a
             degenerate value rather than regularising).
   decay     everything else: base learning rate and `weight_decay`.
-Clipping is one global norm over all groups, before the per-group updates.
+  frozen    leaves the run's trainable mask excludes (VLM Stage I/II): their
+            gradient is zeroed before clipping and their update is
+            `optax.set_to_zero`, so they stay bit-for-bit unchanged and hold
+            no Adam moments.
+Clipping is one global norm over the trainable leaves, before the per-group
+updates.
+
+Schedule: linear warmup from 0 over `optim.warmup_steps` (or, if
+`optim.warmup_frac` > 0, over that share of the run: the VLM recipe), then
+cosine to `min_lr_ratio` × peak. A constant learning rate is warmup 0 and
+min_lr_ratio 1 (Stage II GRPO).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import optax
 
 GROUPS = ("decay", "no_decay", "table")
+FROZEN = "frozen"
+
+
+def path_names(path) -> tuple[str, ...]:
+  """Path components of a pytree key path as strings (`('blocks', '1', 'memory', ...)`)."""
+  return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def path_str(path) -> str:
+  """A key path as 'blocks/1/memory/tables/0'."""
+  return "/".join(path_names(path))
 
 
 def param_group(path: tuple[str, ...]) -> str:
   """The optimiser group of a parameter from its path components."""
-  if "lngram" in path and "tables" in path:
+  if "memory" in path and "tables" in path:
     return "table"
-  last = path[-1]
-  if last == "router_w" or any("norm" in part for part in path):
+  if path[-1] == "router_w" or any("norm" in part for part in path):
     return "no_decay"
   return "decay"
 
 
-def _path_names(path) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+def param_labels(params, trainable: Callable[[str], bool] | None = None) -> dict:
+  """A tree like `params` holding each leaf's group name (or "frozen")."""
+  def label(path, _):
+    if trainable is not None and not trainable(path_str(path)):
+      return FROZEN
+    return param_group(path_names(path))
+  return jax.tree_util.tree_map_with_path(label, params)
 
 
-def param_labels(params) -> dict:
-  """A tree like `params` holding each leaf's group name."""
-  return jax.tree_util.tree_map_with_path(lambda p, _: param_group(_path_names(p)), params)
-
-
-def group_sizes(params) -> dict[str, int]:
+def group_sizes(params, trainable: Callable[[str], bool] | None = None) -> dict[str, int]:
   """Parameter count per group (for the run log)."""
-  sizes = dict.fromkeys(GROUPS, 0)
-  labels = jax.tree.leaves(param_labels(params))
+  sizes = dict.fromkeys(GROUPS + ((FROZEN,) if trainable else ()), 0)
+  labels = jax.tree.leaves(param_labels(params, trainable))
   for label, leaf in zip(labels, jax.tree.leaves(params), strict=True):
     sizes[label] += int(leaf.size)
   return sizes
@@ -49,22 +72,37 @@ def group_sizes(params) -> dict[str, int]:
 def learning_rate_schedule(optim, total_steps: int, *, multiplier: float = 1.0):
   """Linear warmup from 0 to `lr`·multiplier, then cosine to min_lr_ratio·peak."""
   peak = optim.lr * multiplier
-  warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
+  frac = float(optim.get("warmup_frac", 0.0) or 0.0)
+  if frac > 0:
+    # The VLM recipe: a share of each phase (at least one step).
+    warmup = max(1, int(round(frac * total_steps)))
+  else:
+    warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=peak, warmup_steps=warmup,
       decay_steps=max(total_steps, warmup + 1), end_value=peak * optim.min_lr_ratio)
 
 
-def make_optimizer(optim, params, total_steps: int) -> optax.GradientTransformation:
-  """The full optimiser for `params` (a pure dict) from the `optim` config block."""
+def make_optimizer(optim, params, total_steps: int, *,
+                   trainable: Callable[[str], bool] | None = None
+                   ) -> optax.GradientTransformation:
+  """The full optimiser for `params` (a pure dict) from the `optim` config block.
+
+  `trainable(path) -> bool` (path as 'lm/blocks/1/ffn_branch/gate') selects
+  the leaves that train; None trains every leaf.
+  """
   base = learning_rate_schedule(optim, total_steps)
   table = learning_rate_schedule(optim, total_steps, multiplier=optim.table_lr_mult)
   adamw = lambda lr, wd: optax.adamw(lr, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                                      weight_decay=wd)
-  return optax.chain(
-      optax.clip_by_global_norm(optim.clip_norm),
-      optax.multi_transform(
-          {"decay": adamw(base, optim.weight_decay),
-           "no_decay": adamw(base, 0.0),
-           "table": adamw(table, 0.0)},
-          param_labels(params)))
+  labels = param_labels(params, trainable)
+  transforms = {"decay": adamw(base, optim.weight_decay), "no_decay": adamw(base, 0.0),
+                "table": adamw(table, 0.0)}
+  chain = [optax.clip_by_global_norm(optim.clip_norm)]
+  if trainable is not None:
+    # Frozen gradients are zeroed first so the global norm is that of the
+    # trainable leaves alone.
+    frozen = jax.tree.map(lambda label: label == FROZEN, labels)
+    chain.insert(0, optax.masked(optax.set_to_zero(), frozen))
+    transforms[FROZEN] = optax.set_to_zero()
+  return optax.chain(*chain, optax.multi_transform(transforms, labels))

@@ -118,7 +118,8 @@ def _duration(seconds: float) -> str:
 
 
 def plot_curves(workdir) -> Path | None:
-  """Writes loss_curve.png (train loss and validation bits per byte vs step)."""
+  """Writes loss_curve.png: train and validation bits per byte vs step (LM runs), else
+  the train loss (and GRPO's mean reward)."""
   rows = read_metrics(workdir)
   if not rows:
     return None
@@ -130,13 +131,17 @@ def plot_curves(workdir) -> Path | None:
     log.warning("matplotlib is not installed: no loss plot is written.")
     return None
   fig, ax = plt.subplots(figsize=(7, 4))
-  for key, label in (("train/bits_per_byte", "train"), ("eval/bits_per_byte", "validation")):
+  curves = (("train/bits_per_byte", "train"), ("eval/bits_per_byte", "validation"))
+  ylabel = "bits per byte"
+  if not any("train/bits_per_byte" in r for r in rows):
+    curves, ylabel = (("train/loss", "train loss"), ("train/reward", "mean reward")), "value"
+  for key, label in curves:
     pts = [(r["step"], r[key]) for r in rows if key in r]
     if pts:
       steps, values = zip(*pts, strict=True)
       ax.plot(steps, values, marker="o" if label == "validation" else None, label=label)
   ax.set_xlabel("step")
-  ax.set_ylabel("bits per byte")
+  ax.set_ylabel(ylabel)
   ax.set_title(Path(workdir).name)
   ax.grid(alpha=0.3)
   ax.legend()

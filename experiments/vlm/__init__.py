@@ -1,14 +1,18 @@
 """A tiny vision-language model with Persistent Visual Memory (PVM) branches.
 
-Modules: `config` (VLMConfig), `model` (ViT encoder, projector, the decoder
-LM of experiments.models, parallel branches, prefill/decode with visual
-caches), `generate` (cached sampling), `data` (emoji-scene batches), `train`
-(stage 0 / Stage I with optax masks), `grpo` (Stage II), `analysis`
-(attention decay, accuracy by length, LogitLens), `run` (stages from an
-experiment config). Configs: experiments/configs/vlm_*.py.
+PVM: "Persistent Visual Memory: Sustaining Perception for Deep Generation in
+LVLMs", arXiv 2605.00814. Modules: `config` (VLMConfig, vlm_config), `model`
+(ViT encoder, projector, the DecoderLM of experiments.models with the branch in
+its beside-FFN slot), `data` (emoji-scene batches, the resumable SceneSampler),
+`train` (stage 0 / Stage I loss hooks, trainable masks, loading an earlier
+stage), `cell_loss` (the stage-0 per-cell class head), `grpo` (Stage II hooks),
+`analysis` / `grounding` (attention decay, accuracy by length, LogitLens,
+grounding probe), `run` (a stage as a task of the one training loop,
+experiments/train/loop.py). Configs: experiments/configs/vlm_*.py; the command
+line is `lngram-exp` (train, analyze).
 """
 
 from experiments.vlm.config import VLMConfig
-from experiments.vlm.model import VLM, ParallelMLP
+from experiments.vlm.model import VLM
 
-__all__ = ["VLM", "ParallelMLP", "VLMConfig"]
+__all__ = ["VLM", "VLMConfig"]

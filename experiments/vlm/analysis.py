@@ -3,7 +3,8 @@
 Library functions return plain dicts (JSON-ready); `write_json_png` stores
 each as <name>.json + <name>.png in a run directory. All read greedy answers
 generated with the caches, then one parallel forward over [image | prompt |
-answer] with `return_aux=True` (attention probabilities and hidden states).
+answer] with `probe=True` (the decoder block's attention probabilities, PVM's
+and the hidden states, from the block's parallel mode).
 
 Generated position t = 0, 1, ... is the query position that emits answer
 token t (sequence position Nv + prompt_len + t - 1).
@@ -19,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.models.generate import completion_mask, generate
 from experiments.vlm.data import EOS, LENGTH_GROUPS, decode, item_correct, length_group
-from experiments.vlm.generate import completion_mask, generate
 from pvm_jax.data.rewards import accuracy_reward, reward
 
 
@@ -42,8 +43,8 @@ def fit_inverse(t, y) -> dict:
 
 def greedy_answers(model, data, idx, max_new_tokens: int):
   pb = data.prompt_batch(idx)
-  tokens, _ = generate(model, pb["images"], pb["tokens"], pb["lengths"],
-                       max_new_tokens=max_new_tokens, rng=jax.random.key(0), greedy=True)
+  tokens = generate(model, pb["tokens"], prompt_lengths=pb["lengths"], images=pb["images"],
+                    max_new_tokens=max_new_tokens, rng=jax.random.key(0), greedy=True)
   return pb, np.asarray(tokens)
 
 
@@ -62,10 +63,20 @@ def _forward_aux(model, pb, tokens_BxN):
 
 @nnx.jit
 def _jit_forward_aux(model, images, seq, valid):
-  logits, aux = model(images, seq, valid=valid, return_aux=True)
-  # LogitLens logits of every layer, inside the same program.
-  aux["layer_logits"] = [model.lm.logits(h) for h in aux["hidden"]]
-  return logits, aux
+  """logits and the probes grouped per layer: attn_probs [B, Hq, S, S] per layer,
+  pvm_probs {layer: [B, S, Hq, Nv]}, hidden [B, S, D] and layer_logits per layer."""
+  logits, aux = model(images, seq, valid=valid, probe=True)
+  L = model.config.lm.n_layers
+  hidden = [aux[f"block/{layer}/hidden"] for layer in range(L)]
+  grouped = {
+      "attn_probs": [aux[f"attn/{layer}/probs"] for layer in range(L)],
+      "pvm_probs": {layer: aux[f"ffn_branch/{layer}/probs"] for layer in range(L)
+                    if f"ffn_branch/{layer}/probs" in aux},
+      "hidden": hidden,
+      # LogitLens logits of every layer, inside the same program.
+      "layer_logits": [model.lm.logits(h) for h in hidden],
+  }
+  return logits, grouped
 
 
 def _query_positions(model, pb, N):

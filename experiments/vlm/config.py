@@ -1,8 +1,8 @@
 """Configuration of the tiny vision-language model (VLM), with a JSON round trip.
 
 A VLM is a small ViT patch encoder + a projector + the decoder LM of
-experiments/models, with an optional parallel branch beside the FFN at
-chosen layers (DESIGN §3):
+experiments/models, whose beside-FFN slot holds a parallel branch at chosen
+layers (DESIGN.md §3; PVM, arXiv 2605.00814, §4):
 
     branch = "pvm"   Persistent Visual Memory (pvm_jax.PVM);
     branch = "mlp"   the iso-parameter baseline: a gated, text-masked parallel
@@ -12,20 +12,25 @@ chosen layers (DESIGN §3):
 `pvm_source` chooses what PVM reads: "raw" (the projected visual embeddings
 that enter the LM, the paper's design) or "hidden" (the baseline that reads
 the LM's processed hidden states at the image positions of that layer).
+`VLMConfig.decoder` is the LMConfig of the VLM's DecoderLM: `lm` with the
+branch in its `ffn_branch` slot. `vlm_config(experiment_config)` converts the
+`vlm` block of an experiment config (experiments/configs/vlm_*.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
-import jax.numpy as jnp
-
-from experiments.models.config import LMConfig
+from experiments.models import branches
+from experiments.models.config import LMConfig, lm_config
 from pvm_jax.config import PVMConfig
+from pvm_jax.layers import select_layers
 from pvm_jax.module import param_count
 
 BRANCHES = ("none", "pvm", "mlp")
-SOURCES = ("raw", "hidden")
+SOURCES = branches.SOURCES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +38,9 @@ class VLMConfig:
   """Hyper-parameters of `VLM`.
 
   Attributes:
-    lm: the decoder LM (byte vocabulary; no Lngram layers here).
+    lm: the decoder backbone (byte vocabulary); its memory slot may hold a
+      branch (e.g. Lngram), its beside-FFN slot must be empty: the branch
+      fields below fill it (see `decoder`).
     image_hw: (height, width) of the RGB images in pixels.
     patch_size: square ViT patch side; Nv = (H/P)·(W/P) visual tokens.
     vit_dim, vit_layers, vit_heads, vit_ffn: the encoder.
@@ -64,9 +71,9 @@ class VLMConfig:
   def __post_init__(self):
     object.__setattr__(self, "image_hw", tuple(int(v) for v in self.image_hw))
     object.__setattr__(self, "branch_layers", tuple(int(i) for i in self.branch_layers))
-    if self.lm.lngram_layers:
-      raise ValueError(f"VLMConfig: lm.lngram_layers={self.lm.lngram_layers} must be empty "
-                       "(the VLM backbone has no Lngram branch).")
+    if self.lm.ffn_branch is not None or self.lm.ffn_branch_layers:
+      raise ValueError("VLMConfig: lm.ffn_branch / lm.ffn_branch_layers must be empty; "
+                       "branch, branch_layers, pvm, pvm_source and mlp_dim set that slot.")
     H, W = self.image_hw
     if H % self.patch_size or W % self.patch_size:
       raise ValueError(f"VLMConfig: image_hw={self.image_hw} must be multiples of "
@@ -107,6 +114,18 @@ class VLMConfig:
     total = param_count(self.pvm)["total"]
     return max(1, round((total - 1) / (3 * self.lm.d_model)))
 
+  @property
+  def decoder(self) -> LMConfig:
+    """The LMConfig of the VLM's DecoderLM: `lm` with the branch beside the FFN."""
+    if self.branch == "none":
+      return self.lm
+    if self.branch == "pvm":
+      branch = branches.PVMBranchConfig(**{**dataclasses.asdict(self.pvm),
+                                           "source": self.pvm_source})
+    else:
+      branch = branches.ParallelMLPConfig(d_model=self.lm.d_model, hidden_dim=self.iso_mlp_dim)
+    return self.lm.replace(ffn_branch_layers=self.branch_layers, ffn_branch=branch)
+
   def replace(self, **changes) -> VLMConfig:
     return dataclasses.replace(self, **changes)
 
@@ -116,10 +135,7 @@ class VLMConfig:
     d["image_hw"] = list(self.image_hw)
     d["branch_layers"] = list(self.branch_layers)
     if self.pvm is not None:
-      p = dataclasses.asdict(self.pvm)
-      p["param_dtype"] = _dtype_name(self.pvm.param_dtype)
-      p["dtype"] = _dtype_name(self.pvm.dtype)
-      d["pvm"] = p
+      d["pvm"] = branches.KINDS["pvm"].to_dict(self.pvm)
     return d
 
   @classmethod
@@ -130,11 +146,40 @@ class VLMConfig:
       raise ValueError(f"VLMConfig.from_dict: unknown fields {unknown}.")
     d["lm"] = LMConfig.from_dict(d["lm"])
     if d.get("pvm") is not None:
-      p = dict(d["pvm"])
-      p["dtype"], p["param_dtype"] = jnp.dtype(p["dtype"]), jnp.dtype(p["param_dtype"])
-      d["pvm"] = PVMConfig(**p)
+      p = branches.KINDS["pvm"].from_dict(d["pvm"])   # a PVMBranchConfig
+      d["pvm"] = PVMConfig(**{f.name: getattr(p, f.name) for f in dataclasses.fields(PVMConfig)})
     return cls(**d)
 
 
-def _dtype_name(dtype) -> str:
-  return jnp.dtype(dtype).name
+def vlm_config(config) -> VLMConfig:
+  """The VLMConfig an experiment config describes (`model` + the grouped `vlm` block).
+
+  vlm.branch.layer_strategy "peak" / "max_decay" read the measured visual
+  attention of an earlier run: <vlm.branch.visual_mass_from>/attention_decay.json.
+  """
+  enc, br, sc = config.vlm.encoder, config.vlm.branch, config.vlm.scenes
+  lm = lm_config(config)
+  if br.kind not in BRANCHES:
+    raise ValueError(f"vlm.branch.kind={br.kind!r} is not one of {BRANCHES}.")
+  if br.pvm_source not in SOURCES:
+    raise ValueError(f"vlm.branch.pvm_source={br.pvm_source!r} is not one of {SOURCES}.")
+  layers = ()
+  if br.kind != "none":
+    visual_mass = None
+    if br.layer_strategy in ("peak", "max_decay"):
+      if not br.visual_mass_from:
+        raise ValueError(f"vlm.branch.layer_strategy={br.layer_strategy!r} needs "
+                         "vlm.branch.visual_mass_from (a run with attention_decay.json).")
+      decay = json.loads(Path(br.visual_mass_from, "attention_decay.json").read_text())
+      visual_mass = [decay["layers"][str(i)]["mass"] for i in range(lm.n_layers)]
+    layers = select_layers(br.layer_strategy, lm.n_layers, start=br.layer_start,
+                           stride=br.layer_stride or None, count=br.layer_count or None,
+                           layers=tuple(br.layers) or None, visual_mass=visual_mass)
+  pvm = PVMConfig(d_model=lm.d_model, latent_dim=br.latent_dim, head_dim=br.pvm_head_dim,
+                  backbone_gqa_ratio=lm.n_heads // lm.n_kv_heads, backbone_ffn_dim=lm.ffn_dim)
+  g = sc.glyph_size
+  return VLMConfig(lm=lm, image_hw=(sc.rows * g, sc.cols * g), patch_size=enc.patch_size,
+                   vit_dim=enc.vit_dim, vit_layers=enc.vit_layers, vit_heads=enc.vit_heads,
+                   vit_ffn=enc.vit_ffn, visual_pos=bool(enc.visual_pos), branch=br.kind,
+                   branch_layers=tuple(layers), pvm=None if br.kind == "none" else pvm,
+                   pvm_source=br.pvm_source, mlp_dim=br.mlp_dim or None)

@@ -110,3 +110,72 @@ def item_correct(text: str, scene) -> list[bool]:
   """
   padded = " " + text
   return [(" " + item) in padded for item in caption_items(scene)]
+
+
+class SceneSampler:
+  """Endless training batches of scenes, exactly resumable (the loop's batch source).
+
+  The draws are those of the stages before the one loop: a numpy
+  `default_rng(seed)`, and per step `rng.choice(len(data), batch_size,
+  replace=len(data) < batch_size)` (mode "rows": `SceneData.batch`), or
+  `np.repeat(rng.choice(len(data), prompts, replace=False), group_size)`
+  (mode "prompts", GRPO: `SceneData.prompt_batch` + the row indices `idx`).
+  A curriculum gives one scene set per phase (`datasets[i]`, loaded on first
+  use) and `phase_steps[i]` draws from it; each phase restarts the generator
+  at `seed`, as the per-phase optimiser runs did. The state is the number of
+  draws and the generator's `bit_generator.state` (JSON).
+  """
+
+  def __init__(self, datasets, phase_steps, *, batch_size: int, seed: int,
+               mode: str = "rows", group_size: int = 1):
+    if mode not in ("rows", "prompts"):
+      raise ValueError(f"SceneSampler: mode={mode!r} is not 'rows' or 'prompts'.")
+    if len(datasets) != len(phase_steps):
+      raise ValueError(f"SceneSampler: {len(datasets)} scene sets for "
+                       f"{len(phase_steps)} phases.")
+    self._loaders = list(datasets)
+    self._loaded = {}
+    self.ends = np.cumsum(phase_steps).tolist()
+    self.batch_size, self.seed, self.mode, self.group_size = batch_size, seed, mode, group_size
+    self.draws = 0
+    self.rng = np.random.default_rng(seed)
+
+  def data(self, phase: int) -> SceneData:
+    if phase not in self._loaded:
+      loader = self._loaders[phase]
+      self._loaded = {phase: loader() if callable(loader) else loader}
+    return self._loaded[phase]
+
+  def phase(self, draws: int) -> int:
+    """The phase of draw number `draws` (0-based); the last phase runs on."""
+    return min(int(np.searchsorted(self.ends, draws, side="right")), len(self.ends) - 1)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    phase = self.phase(self.draws)
+    if phase > 0 and self.draws == self.ends[phase - 1]:
+      self.rng = np.random.default_rng(self.seed)   # each phase restarts the draw
+    data = self.data(phase)
+    self.draws += 1
+    n = len(data)
+    if self.mode == "rows":
+      return data.batch(self.rng.choice(n, self.batch_size, replace=n < self.batch_size))
+    idx = np.repeat(self.rng.choice(n, self.batch_size, replace=False), self.group_size)
+    return {**data.prompt_batch(idx), "idx": idx.astype(np.int32)}
+
+  def get_state(self) -> dict:
+    return {"draws": self.draws, "rng": self.rng.bit_generator.state,
+            "seed": self.seed, "batch_size": self.batch_size, "mode": self.mode,
+            "group_size": self.group_size, "ends": self.ends}
+
+  def set_state(self, state: dict) -> None:
+    mine = {k: v for k, v in self.get_state().items() if k not in ("draws", "rng")}
+    saved = {k: state.get(k) for k in mine}
+    if saved != mine:
+      raise ValueError(f"the checkpoint's scene sampler was made for other settings: saved "
+                       f"{saved}, now {mine}; resuming would not continue the same draws.")
+    self.draws = int(state["draws"])
+    self.rng = np.random.default_rng(self.seed)
+    self.rng.bit_generator.state = state["rng"]

@@ -1,4 +1,4 @@
-"""Stage II: Group Relative Policy Optimisation (GRPO) in JAX.
+"""Stage II: Group Relative Policy Optimisation (GRPO) as hooks of the one loop.
 
 For each prompt (image + counting question) G completions are sampled with
 the KV + visual caches. With rewards r_{g} (0.1·format + 0.9·accuracy,
@@ -10,22 +10,20 @@ the KV + visual caches. With rewards r_{g} (0.1·format + 0.9·accuracy,
 
 KL_t = exp(ref - logπ) - (ref - logπ) - 1 (the k3 estimator against a frozen
 reference policy); β = 0 by default, as the paper, and then no reference
-forward is run. std is the population std of the group.
+forward is run. std is the population std of the group. The optimiser is the
+one of every run with a constant learning rate (vlm.grpo.lr, no weight decay)
+on the trainable mask of vlm.stage.trainable (default lm+branch).
 """
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from experiments.vlm import train as train_lib
+from experiments.models.generate import completion_mask, generate
 from experiments.vlm.data import EOS, decode
-from experiments.vlm.generate import completion_mask, generate
 from pvm_jax.data.rewards import rewards
 
 
@@ -71,52 +69,49 @@ def grpo_objective(logp_BxN, old_logp_BxN, adv_B, mask_BxN, *, clip_eps: float =
   return -jnp.mean(per_seq)
 
 
-def grpo_train(model, data, *, steps: int, prompts_per_step: int = 2, group_size: int = 8,
-               max_new_tokens: int = 64, lr: float = 1e-6, clip_eps: float = 0.2,
-               kl_coef: float = 0.0, temperature: float = 1.0, trainable: str = "lm+branch",
-               seed: int = 0, log=print):
-  """GRPO on `data` (a count-task SceneData) in place; returns per-step mean rewards."""
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  tx = train_lib.make_optimizer(params, trainable=trainable, schedule=optax.constant_schedule(lr))
-  opt_state = tx.init(params)
-  ref_params = params if kl_coef else None
+def grpo_hooks(data, grpo, *, seed: int, ref_model=None):
+  """(prepare, loss) hooks of Stage II for the one loop.
 
-  @jax.jit
-  def step(params, opt_state, batch, old_logp, adv, mask):
-    ref_logp = None
-    if kl_coef:
-      ref_logp = jax.lax.stop_gradient(token_logp(nnx.merge(graphdef, ref_params, rest),
-                                                  *batch))
-
-    def f(p):
-      logp = token_logp(nnx.merge(graphdef, p, rest), *batch)
-      return grpo_objective(logp, old_logp, adv, mask, clip_eps=clip_eps, kl_coef=kl_coef,
-                            ref_logp_BxN=ref_logp)
-    loss, grads = jax.value_and_grad(f)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  rng = np.random.default_rng(seed)
+  `prepare(model, batch, step)` runs on the host with the current policy: it
+  samples the group's completions (KV + visual caches, step s draws with
+  fold_in(key(seed), s - 1)), scores them (`rewards`) and turns the rewards
+  into group-relative advantages. `loss(model, batch)` is the GRPO objective
+  of those completions under the policy being trained, with the sampled
+  log-probs as π_old; it reports the mean reward as train/reward.
+  `batch` comes from a SceneSampler in "prompts" mode (rows idx, grouped).
+  """
   key = jax.random.key(seed)
-  history, t0 = [], time.time()
-  for i in range(steps):
-    idx = np.repeat(rng.choice(len(data), prompts_per_step, replace=False), group_size)
-    pb = data.prompt_batch(idx)
-    policy = nnx.merge(graphdef, params, rest)
-    tokens, old_logp = generate(policy, pb["images"], pb["tokens"], pb["lengths"],
-                                max_new_tokens=max_new_tokens, rng=jax.random.fold_in(key, i),
-                                temperature=temperature)
-    texts = [decode(t) for t in np.asarray(tokens)]
-    answers = [data.examples[j]["answer"] for j in idx]
-    r = rewards(texts, answers)
-    adv = group_advantages(r.reshape(prompts_per_step, group_size)).reshape(-1)
-    mask = completion_mask(tokens, EOS)
-    batch = (jnp.asarray(pb["images"]), jnp.asarray(pb["tokens"]), jnp.asarray(pb["lengths"]),
-             tokens)
-    params, opt_state, loss = step(params, opt_state, batch, old_logp, adv, mask)
-    history.append(float(r.mean()))
-    if log is not None:
-      log(f"grpo step {i:4d}  reward {r.mean():.3f}  loss {float(loss):+.4f}  "
-          f"{time.time() - t0:.1f}s")
-  nnx.update(model, params)
-  return history
+  G = grpo.group_size
+
+  def prepare(model, batch, step):
+    images = jnp.asarray(batch["images"])
+    prompt_BxT, lengths_B = jnp.asarray(batch["tokens"]), jnp.asarray(batch["lengths"])
+    tokens_BxN, old_logp_BxN = generate(
+        model, prompt_BxT, prompt_lengths=lengths_B, images=images,
+        max_new_tokens=grpo.max_new_tokens, rng=jax.random.fold_in(key, step - 1),
+        temperature=grpo.temperature, return_logp=True)
+    texts = [decode(t) for t in np.asarray(tokens_BxN)]
+    answers = [data.examples[j]["answer"] for j in batch["idx"]]
+    r = np.asarray(rewards(texts, answers), np.float32)
+    adv_B = group_advantages(r.reshape(-1, G)).reshape(-1)
+    out = {"images": images, "prompt": prompt_BxT, "lengths": lengths_B,
+           "completion": tokens_BxN, "old_logp": old_logp_BxN, "adv": adv_B,
+           "mask": completion_mask(tokens_BxN, EOS), "reward": r}
+    if grpo.kl_coef:
+      out["ref_logp"] = _token_logp_jit(ref_model, images, prompt_BxT, lengths_B, tokens_BxN)
+    return out
+
+  def loss(model, batch):
+    logp_BxN = token_logp(model, batch["images"], batch["prompt"], batch["lengths"],
+                          batch["completion"])
+    value = grpo_objective(logp_BxN, batch["old_logp"], batch["adv"], batch["mask"],
+                           clip_eps=grpo.clip_eps, kl_coef=grpo.kl_coef,
+                           ref_logp_BxN=batch.get("ref_logp"))
+    return value, {"train/reward": jnp.mean(batch["reward"])}
+
+  return prepare, loss
+
+
+@nnx.jit
+def _token_logp_jit(model, images, prompt_BxT, lengths_B, completion_BxN):
+  return token_logp(model, images, prompt_BxT, lengths_B, completion_BxN)

@@ -1,22 +1,23 @@
-"""Training the VLM: stage 0 (captioning), Stage I (SFT of the branch only), optimiser masks.
+"""The VLM's supervised stages as loss hooks of the one loop: stage 0 and Stage I.
 
-Parameters are trained functionally: `nnx.split(model, nnx.Param, ...)`, a
-jitted step over the Param state, and an optax `multi_transform` that sends
-frozen leaves to `set_to_zero`, so they come out of every step bit-for-bit
-unchanged (a test checks it). Which leaves train is a predicate on the
-parameter path (`TRAINABLE`):
+The loop (experiments/train/loop.py) trains every stage; this module holds
+what is VLM-specific about the supervised ones:
 
-    all         stage 0: encoder, projector, LM (and any branch)
-    branch      Stage I: PVM / MLP branch parameters and their gates only
-    lm          Stage I of the no-branch baseline: the LM (encoder, projector frozen)
-    lm+branch   Stage II: LM and branch (vision encoder and projector frozen)
+  * the trainable masks (`TRAINABLE`), predicates on the VLM's parameter
+    paths. The one optimiser sends the other leaves to `optax.set_to_zero`, so
+    they come out of every step bit-for-bit unchanged (a test checks it):
+
+        all         stage 0: encoder, projector, LM (and any branch)
+        branch      Stage I: the beside-FFN branches (`.../ffn_branch/...`) only
+        lm          Stage I of the no-branch baseline: the LM (encoder, projector frozen)
+        lm+branch   Stage II: LM and branch (vision encoder and projector frozen)
+
+  * the caption / counting loss (`lm_loss`) and its loss hook `vlm_loss`;
+    stage 0 may train the per-cell class head beside it (`CellPretrainer`);
+  * `load_params`: Stage I/II start from an earlier run's checkpoint.
 """
 
 from __future__ import annotations
-
-import json
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,55 +25,37 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments.vlm.cell_loss import CellPretrainer
+from experiments.train.optimizer import path_str
 
 TRAINABLE = {
     "all": lambda path: True,
-    "branch": lambda path: path.startswith("branches/"),
-    "lm": lambda path: path.startswith("lm/"),
-    "lm+branch": lambda path: path.startswith(("lm/", "branches/")),
+    "branch": lambda path: "/ffn_branch/" in path,
+    "lm": lambda path: path.startswith("lm/") and "/ffn_branch/" not in path,
+    "lm+branch": lambda path: path.startswith("lm/"),
 }
 
 
-def path_str(path) -> str:
-  parts = []
-  for k in path:
-    if isinstance(k, jax.tree_util.GetAttrKey):
-      if k.name != "value":
-        parts.append(k.name)
-    elif isinstance(k, jax.tree_util.DictKey):
-      parts.append(str(k.key))
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      parts.append(str(k.idx))
-    else:
-      parts.append(str(k))
-  return "/".join(parts)
+def trainable_mask(name: str, *, prefix: str = ""):
+  """The predicate `TRAINABLE[name]` on paths of a trained module that holds the VLM
+  under `prefix` (e.g. "model/" for the stage-0 CellPretrainer)."""
+  if name not in TRAINABLE:
+    raise ValueError(f"vlm.stage.trainable={name!r} is not one of {tuple(TRAINABLE)}.")
+  if name == "all":
+    return None
+  keep = TRAINABLE[name]
+  return lambda path: path.startswith(prefix) and keep(path[len(prefix):])
 
 
 def flat_params(params) -> dict[str, jax.Array]:
-  return {path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  """{'lm/blocks/1/ffn_branch/gate': array, ...} of a param state or pure dict."""
+  return {path_str(_strip_value(p)): v
+          for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
-def param_labels(params, trainable: str):
-  if trainable not in TRAINABLE:
-    raise ValueError(f"trainable={trainable!r} is not one of {tuple(TRAINABLE)}.")
-  keep = TRAINABLE[trainable]
-  return jax.tree_util.tree_map_with_path(
-      lambda p, _: "train" if keep(path_str(p)) else "freeze", params)
-
-
-def make_optimizer(params, *, trainable: str, schedule, weight_decay: float = 0.0,
-                   clip: float = 1.0):
-  """AdamW (with global-norm clipping) on the trainable leaves, zero updates elsewhere."""
-  inner = optax.chain(optax.clip_by_global_norm(clip),
-                      optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay))
-  return optax.multi_transform({"train": inner, "freeze": optax.set_to_zero()},
-                               param_labels(params, trainable))
-
-
-def cosine_schedule(lr: float, steps: int, warmup_frac: float = 0.1):
-  warmup = max(1, int(round(warmup_frac * steps)))
-  return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
+def _strip_value(path):
+  # nnx.State leaves are Variables whose key path ends in `.value`.
+  return tuple(k for k in path
+               if not (isinstance(k, jax.tree_util.GetAttrKey) and k.name == "value"))
 
 
 def text_logits(model, logits_BxSxV):
@@ -90,80 +73,38 @@ def lm_loss(model, batch):
   return jnp.sum(ce_BxT * mask_BxT) / jnp.maximum(jnp.sum(mask_BxT), 1.0)
 
 
-def make_step(graphdef, tx, loss_fn=lm_loss):
-  """A jitted (params, rest, opt_state, batch) -> (params, opt_state, loss)."""
-
-  @jax.jit
-  def step(params, rest, opt_state, batch):
-    def f(p):
-      return loss_fn(nnx.merge(graphdef, p, rest), batch)
-    loss, grads = jax.value_and_grad(f)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step
+def vlm_loss(model, batch):
+  """The loss hook of stage 0 / Stage I: (caption CE, {})."""
+  return lm_loss(model, batch), {}
 
 
-def fit(model, data, *, trainable: str, steps: int, batch_size: int, lr: float, seed: int = 0,
-        weight_decay: float = 0.0, log_every: int = 10, log=print, cell_loss_weight: float = 0.0,
-        n_classes: int = 0):
-  """Supervised training (stage 0 or Stage I) in place; returns the loss history.
+def cell_pretrainer_loss(trained, batch):
+  """The loss hook of stage 0 with the cell head: caption CE + weight · cell CE."""
+  return trained.loss(batch, lm_loss), {}
 
-  cell_loss_weight > 0 (stage 0 only, trainable "all") adds the per-cell class
-  loss of experiments.vlm.cell_loss; the batches must then hold "cell_labels".
+
+def load_params(model, run_dir) -> list[str]:
+  """Copies the parameters of the run in `run_dir` into `model` by path.
+
+  Returns the paths left at their init: loading a base (no-branch) run into a
+  branch model leaves exactly the branch parameters at init, so Stage I starts
+  at the base model. A saved array the model has no place for means the
+  configs disagree (e.g. a base trained with a visual position embedding
+  loaded into a model without it): an error, rather than dropped silently.
   """
-  trained, loss_fn = model, lm_loss
-  if cell_loss_weight > 0:
-    if trainable != "all":
-      raise ValueError(f"fit: cell_loss_weight={cell_loss_weight} needs trainable='all', "
-                       f"got {trainable!r}.")
-    trained = CellPretrainer(model, n_classes, cell_loss_weight, rngs=nnx.Rngs(seed + 1))
-    loss_fn = (lambda t, batch: t.loss(batch, lm_loss))
-  graphdef, params, rest = nnx.split(trained, nnx.Param, ...)
-  tx = make_optimizer(params, trainable=trainable, schedule=cosine_schedule(lr, steps),
-                      weight_decay=weight_decay)
-  opt_state = tx.init(params)
-  step = make_step(graphdef, tx, loss_fn)
-  rng = np.random.default_rng(seed)
-  history, t0 = [], time.time()
-  for i in range(steps):
-    batch = data.batch(rng.choice(len(data), batch_size, replace=len(data) < batch_size))
-    params, opt_state, loss = step(params, rest, opt_state, batch)
-    history.append(float(loss))
-    if log is not None and (i % log_every == 0 or i == steps - 1):
-      log(f"step {i:5d}  loss {history[-1]:.4f}  {time.time() - t0:.1f}s")
-  nnx.update(trained, params)
-  return history
+  from experiments.checkpoint.restore import restore_module
 
-
-def save_params(model, path) -> None:
-  """Param state as an .npz of path -> array, and the config beside it as JSON."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  flat = flat_params(nnx.state(model, nnx.Param))
-  np.savez(path, **{k: np.asarray(v) for k, v in flat.items()})
-  path.with_suffix(".json").write_text(json.dumps(model.config.to_dict(), indent=1))
-
-
-def load_params(model, path, *, strict: bool = False) -> list[str]:
-  """Copies the saved arrays whose paths exist in `model`; returns the paths left at init.
-
-  Loading a base (no-branch) checkpoint into a branch model leaves exactly
-  the branch parameters at their init; strict=True refuses any gap.
-  """
-  saved = dict(np.load(Path(path)))
+  source, _, step = restore_module(run_dir)
+  saved = {k: np.asarray(v) for k, v in flat_params(nnx.state(source, nnx.Param)).items()}
   params = nnx.state(model, nnx.Param)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  # A saved array the model has no place for means the configs disagree (e.g. a
-  # base trained with vlm.visual_pos loaded into a model without it): refuse,
-  # rather than drop it silently.
-  unused = sorted(set(saved) - {path_str(p) for p, _ in leaves})
+  unused = sorted(set(saved) - {path_str(_strip_value(p)) for p, _ in leaves})
   if unused:
-    raise ValueError(f"load_params: {path} holds {unused}, which this model lacks; "
-                     "its config must match the run it starts from.")
+    raise ValueError(f"load_params: {run_dir} (step {step}) holds {unused}, which this model "
+                     "lacks; its config must match the run it starts from.")
   new, missing = [], []
   for p, v in leaves:
-    key = path_str(p)
+    key = path_str(_strip_value(p))
     if key in saved:
       if saved[key].shape != v.shape:
         raise ValueError(f"load_params: {key} has shape {saved[key].shape}, model {v.shape}.")
@@ -171,7 +112,5 @@ def load_params(model, path, *, strict: bool = False) -> list[str]:
     else:
       missing.append(key)
       new.append(v)
-  if strict and missing:
-    raise ValueError(f"load_params: {path} lacks {missing}.")
   nnx.update(model, jax.tree_util.tree_unflatten(treedef, new))
   return missing

@@ -1,29 +1,51 @@
-"""The blocked sink-softmax readout (the absorbed Lngram readout's core) in Pallas.
+"""The blocked sink-softmax readout in Pallas: a standalone op on [BT, Hq, Dr].
 
-Files: `reference.py` (XLA twin), `triton_gpu.py` (GPU), `mosaic_tpu.py`
-(TPU), `common.py` (block sizes, checks), `api.py` (dispatch, custom_vjp,
-the layer-facing `pallas_readout`); `fused_triton.py` and `fused.py`: the
-variant that also gathers and normalises the table rows inside the kernel
-(`fused_readout`, GPU only, with its unfused twin `fused_readout_reference`).
+Files: `reference.py` (the XLA twin: the one definition of the contract),
+`triton_gpu.py` (GPU), `mosaic_tpu.py` (TPU), `common.py` (block sizes,
+checks, mode types), `api.py` (dispatch and custom_vjp); `fused_triton.py`:
+the variant that also gathers and normalises rows of tables by row id inside
+the kernel (GPU only; twin `reference.fused_reference`).
+
+The Pallas modules load on first use, so that a model importing only the XLA
+reference (`lngram_jax.readout`) does not import the Pallas backends.
 """
 
-from kernels.sink_readout.api import (
-    default_implementation,
-    pallas_attention,
-    pallas_readout,
-    sink_readout,
+import importlib
+
+from kernels.sink_readout.common import Backward, BlockSizes, Implementation
+from kernels.sink_readout.reference import (
+    fused_reference,
+    gather_rows,
+    sink_readout_reference,
 )
-from kernels.sink_readout.common import BlockSizes
-from kernels.sink_readout.fused import fused_readout, fused_readout_reference
-from kernels.sink_readout.reference import sink_readout_reference
+
+_LAZY = {
+    "default_implementation": ("kernels.sink_readout.api", "default_implementation"),
+    "sink_readout": ("kernels.sink_readout.api", "sink_readout"),
+    "fused_triton": ("kernels.sink_readout.fused_triton", None),
+    "mosaic_tpu": ("kernels.sink_readout.mosaic_tpu", None),
+    "triton_gpu": ("kernels.sink_readout.triton_gpu", None),
+}
+
+
+def __getattr__(name):
+  if name not in _LAZY:
+    raise AttributeError(f"module 'kernels.sink_readout' has no attribute {name!r}")
+  module_name, attr = _LAZY[name]
+  module = importlib.import_module(module_name)
+  return module if attr is None else getattr(module, attr)
+
 
 __all__ = [
+    "Backward",
     "BlockSizes",
+    "Implementation",
     "default_implementation",
-    "fused_readout",
-    "fused_readout_reference",
-    "pallas_attention",
-    "pallas_readout",
+    "fused_reference",
+    "fused_triton",
+    "gather_rows",
+    "mosaic_tpu",
     "sink_readout",
     "sink_readout_reference",
+    "triton_gpu",
 ]

@@ -1,15 +1,15 @@
 """Dispatch for the sink readout: XLA reference, Triton (GPU) or Mosaic (TPU).
 
-    out, lse = sink_readout(q_NxHqxD, mem_NxRxD, sink_logit=b0, scale=1/√dh)
+    out, lse = sink_readout(q_BTxHqxDr, mem_BTxRxDr, sink_logit=b0, scale=1/√dh)
 
 `implementation=None` picks by platform: "triton" on GPU, "mosaic_tpu" on
 TPU, and on CPU the Triton kernel in interpret mode (slow, but the same code
-path, so `LngramConfig(readout="pallas")` runs everywhere). The Pallas paths
-are differentiable through `jax.custom_vjp` with Pallas backward kernels;
+path, so a model using it runs everywhere). The Pallas paths are
+differentiable through `jax.custom_vjp` with Pallas backward kernels;
 `backward="xla"` swaps in the VJP of the XLA reference instead.
 
-`pallas_readout` is the layer-facing entry: the absorbed readout of
-`lngram_jax.readout` with this kernel as its multi-query core.
+The op is standalone: it knows tokens, queries and memory rows, nothing of the
+model that uses it (`lngram_jax.pallas` builds the Lngram readout on it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from kernels.sink_readout import mosaic_tpu, triton_gpu
 from kernels.sink_readout.common import (
     BACKWARDS,
     IMPLEMENTATIONS,
+    Backward,
     BlockSizes,
+    Implementation,
     check_inputs,
     check_mosaic_blocks,
     check_triton_blocks,
@@ -33,36 +35,36 @@ from kernels.sink_readout.reference import (
     sink_readout_reference,
     sink_readout_reference_bwd,
 )
-from lngram_jax.readout import absorbed_readout
 
 
-def default_implementation(backend: str | None = None) -> str:
+def default_implementation(backend: str | None = None) -> Implementation:
   """The kernel for a jax backend name ("gpu", "tpu", "cpu")."""
   backend = jax.default_backend() if backend is None else backend
   return "mosaic_tpu" if backend == "tpu" else "triton"
 
 
-def sink_readout(q_NxHqxD, mem_NxRxD, *, sink_logit, scale: float = 1.0,
-                 implementation: str | None = None, block_sizes: BlockSizes | None = None,
-                 interpret: bool | None = None, backward: str = "pallas"):
+def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
+                 implementation: Implementation | None = None,
+                 block_sizes: BlockSizes | None = None, interpret: bool | None = None,
+                 backward: Backward = "pallas"):
   """Multi-query sink-softmax attention with keys = values = mem.
 
   Args:
-    q_NxHqxD: queries, N tokens of Hq heads of width D.
-    mem_NxRxD: each token's R memory tokens (same dtype as q).
+    q_BTxHqxDr: queries, BT tokens of Hq heads of width Dr.
+    mem_BTxRxDr: each token's R memory tokens (same dtype as q).
     sink_logit: the sink logit b0, a float or a float32 scalar (it may be
       traced; its gradient is Σ σ0·(dlse - dout·out) with σ0 the sink mass).
     scale: score scale, s = scale·q·mem (a Python float: it is compiled in).
     implementation: "xla", "triton", "mosaic_tpu" or None (by platform).
-    block_sizes: tile sizes; None = `BlockSizes.get_default(implementation, D)`.
+    block_sizes: tile sizes; None = `BlockSizes.get_default(implementation, Dr)`.
     interpret: run the Pallas kernel in interpret mode; None = only on CPU.
     backward: "pallas" (the backward kernel) or "xla" (VJP of the reference).
 
   Returns:
-    out_NxHqxD in q's dtype and lse_NxHq in float32, the log-sum-exp over
+    out_BTxHqxDr in q's dtype and lse_BTxHq in float32, the log-sum-exp over
     {sink, routes}: the route mass is 1 - exp(b0 - lse).
   """
-  check_inputs(q_NxHqxD, mem_NxRxD)
+  check_inputs(q_BTxHqxDr, mem_BTxRxDr)
   impl = default_implementation() if implementation is None else implementation
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"sink_readout: implementation={impl!r} is not one of {IMPLEMENTATIONS}.")
@@ -72,9 +74,9 @@ def sink_readout(q_NxHqxD, mem_NxRxD, *, sink_logit, scale: float = 1.0,
   if sink_logit.shape:
     raise ValueError(f"sink_readout: sink_logit must be a scalar; got shape {sink_logit.shape}.")
   if impl == "xla":
-    return sink_readout_reference(q_NxHqxD, mem_NxRxD, sink_logit=sink_logit, scale=scale)
-  R, D = mem_NxRxD.shape[1:]
-  blocks = BlockSizes.get_default(impl, D) if block_sizes is None else block_sizes
+    return sink_readout_reference(q_BTxHqxDr, mem_BTxRxDr, sink_logit=sink_logit, scale=scale)
+  R, Dr = mem_BTxRxDr.shape[1:]
+  blocks = BlockSizes.get_default(impl, Dr) if block_sizes is None else block_sizes
   if impl == "triton":
     check_triton_blocks(blocks.block_n, blocks.block_r)
     check_triton_blocks(blocks.bwd_n, blocks.bwd_r)
@@ -82,7 +84,7 @@ def sink_readout(q_NxHqxD, mem_NxRxD, *, sink_logit, scale: float = 1.0,
     check_mosaic_blocks(blocks.block_n, blocks.block_r, R)
     check_mosaic_blocks(blocks.bwd_n, blocks.bwd_r, R)
   interpret = jax.default_backend() == "cpu" if interpret is None else bool(interpret)
-  return _sink_readout(q_NxHqxD, mem_NxRxD, sink_logit, scale, impl, blocks, interpret,
+  return _sink_readout(q_BTxHqxDr, mem_BTxRxDr, sink_logit, scale, impl, blocks, interpret,
                        backward)
 
 
@@ -128,26 +130,3 @@ def _sink_readout_bwd(scale, impl, blocks, interpret, backward, residuals, cotan
 
 
 _sink_readout.defvjp(_sink_readout_fwd, _sink_readout_bwd)
-
-
-def pallas_attention(q_BxTxHqxD, mem_BxTxRxD, *, sink_logit, scale, **kernel_options):
-  """`mqa_sink_attention`'s contract on [B, T, ...] arrays, by the kernel over N = B·T."""
-  B, T, Hq, D = q_BxTxHqxD.shape
-  R = mem_BxTxRxD.shape[2]
-  out_NxHqxD, lse_NxHq = sink_readout(
-      q_BxTxHqxD.reshape(B * T, Hq, D), mem_BxTxRxD.reshape(B * T, R, D),
-      sink_logit=sink_logit, scale=scale, **kernel_options)
-  return out_NxHqxD.reshape(B, T, Hq, D), lse_NxHq.reshape(B, T, Hq)
-
-
-def pallas_readout(q_BxTxHqxDh, mem_hat_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
-                   sink_logit, return_lse=False, **kernel_options):
-  """The absorbed readout (lngram_jax.readout) with the kernel as its core.
-
-  Same contract as `absorbed_readout`: o_BxTxHqxDh and, with `return_lse`,
-  lse_BxTxHq. `kernel_options` go to `sink_readout` (implementation,
-  block_sizes, interpret, backward).
-  """
-  core = functools.partial(pallas_attention, **kernel_options)
-  return absorbed_readout(q_BxTxHqxDh, mem_hat_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh,
-                          sink_logit=sink_logit, return_lse=return_lse, attention=core)

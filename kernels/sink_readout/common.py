@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal, get_args
 
 import jax.numpy as jnp
 
@@ -11,8 +12,10 @@ import jax.numpy as jnp
 # underflows to exactly 0 without any special case.
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
-IMPLEMENTATIONS = ("xla", "triton", "mosaic_tpu")
-BACKWARDS = ("pallas", "xla")
+Implementation = Literal["xla", "triton", "mosaic_tpu"]
+Backward = Literal["pallas", "xla"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+BACKWARDS: tuple[str, ...] = get_args(Backward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,14 +59,14 @@ class BlockSizes:
     return self.block_r if self.block_r_bwd is None else self.block_r_bwd
 
   @classmethod
-  def get_default(cls, implementation: str, route_dim: int = 256) -> BlockSizes:
-    """Defaults per implementation; route_dim (D) sets the register budget."""
+  def get_default(cls, implementation: Implementation, route_dim: int = 256) -> BlockSizes:
+    """Defaults per implementation; route_dim (Dr) sets the register budget."""
     if implementation == "mosaic_tpu":
       # Untuned (no TPU measurements yet); sized so that the backward's double-
-      # buffered mem and dmem blocks stay within a few MiB of VMEM at D = 512.
+      # buffered mem and dmem blocks stay within a few MiB of VMEM at Dr = 512.
       return cls(block_n=8, block_r=256, block_n_bwd=4, block_r_bwd=256)
-    # Triton (untuned: `python -m kernels.bench --sweep` compares a few): the
-    # backward holds q, dout, dq [Hq, D] and mem, dmem [block_r, D] in
+    # Triton (untuned: `python -m experiments.bench.kernels --sweep` compares a few): the
+    # backward holds q, dout, dq [Hq, Dr] and mem, dmem [block_r, Dr] in
     # registers, so it takes half the routes of the forward.
     if route_dim > 256:
       return cls(block_n=1, block_r=32, block_r_bwd=16, num_warps=8)
@@ -79,37 +82,37 @@ def triton_pad(x: int) -> int:
   return max(16, next_power_of_2(x))
 
 
-def sink_logit_cotangent(sink_logit, out_xHxD, lse_xH, dout_xHxD, dlse_xH):
+def sink_logit_cotangent(sink_logit, out_xHxDr, lse_xH, dout_xHxDr, dlse_xH):
   """Cotangent of b0: ∂lse/∂b0 = σ0 and ∂out/∂b0 = -σ0·out, σ0 = exp(b0 - lse).
 
   b0 is normally a constant: then nothing consumes this and XLA drops it.
   """
-  delta_xH = jnp.sum(out_xHxD.astype(jnp.float32) * dout_xHxD.astype(jnp.float32), axis=-1)
+  delta_xH = jnp.sum(out_xHxDr.astype(jnp.float32) * dout_xHxDr.astype(jnp.float32), axis=-1)
   sink_mass_xH = jnp.exp(sink_logit - lse_xH)
   return jnp.sum(sink_mass_xH * (dlse_xH.astype(jnp.float32) - delta_xH))
 
 
-def check_inputs(q_NxHqxD, mem_NxRxD) -> None:
+def check_inputs(q_BTxHqxDr, mem_BTxRxDr) -> None:
   """Shape and dtype checks of the public entry point, with named values."""
-  if q_NxHqxD.ndim != 3:
-    raise ValueError(f"sink_readout: q must be [N, Hq, D]; got shape {tuple(q_NxHqxD.shape)}.")
-  if mem_NxRxD.ndim != 3:
+  if q_BTxHqxDr.ndim != 3:
+    raise ValueError(f"sink_readout: q must be [BT, Hq, Dr]; got shape {tuple(q_BTxHqxDr.shape)}.")
+  if mem_BTxRxDr.ndim != 3:
     raise ValueError(
-        f"sink_readout: mem must be [N, R, D]; got shape {tuple(mem_NxRxD.shape)}.")
-  N, Hq, D = q_NxHqxD.shape
-  n_mem, R, d_mem = mem_NxRxD.shape
-  if n_mem != N or d_mem != D:
+        f"sink_readout: mem must be [BT, R, Dr]; got shape {tuple(mem_BTxRxDr.shape)}.")
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  n_mem, R, d_mem = mem_BTxRxDr.shape
+  if n_mem != BT or d_mem != Dr:
     raise ValueError(
-        f"sink_readout: q {tuple(q_NxHqxD.shape)} and mem {tuple(mem_NxRxD.shape)} must agree "
-        f"on N and D ({N=}, {n_mem=}, {D=}, {d_mem=}).")
-  if min(N, Hq, R, D) < 1:
-    raise ValueError(f"sink_readout: empty input ({N=}, {Hq=}, {R=}, {D=}).")
-  for name, x in (("q", q_NxHqxD), ("mem", mem_NxRxD)):
+        f"sink_readout: q {tuple(q_BTxHqxDr.shape)} and mem {tuple(mem_BTxRxDr.shape)} must agree "
+        f"on BT and Dr ({BT=}, {n_mem=}, {Dr=}, {d_mem=}).")
+  if min(BT, Hq, R, Dr) < 1:
+    raise ValueError(f"sink_readout: empty input ({BT=}, {Hq=}, {R=}, {Dr=}).")
+  for name, x in (("q", q_BTxHqxDr), ("mem", mem_BTxRxDr)):
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
       raise TypeError(f"sink_readout: {name} dtype {x.dtype} must be float32, bfloat16 or float16.")
-  if q_NxHqxD.dtype != mem_NxRxD.dtype:
+  if q_BTxHqxDr.dtype != mem_BTxRxDr.dtype:
     raise TypeError(
-        f"sink_readout: q dtype {q_NxHqxD.dtype} must equal mem dtype {mem_NxRxD.dtype}.")
+        f"sink_readout: q dtype {q_BTxHqxDr.dtype} must equal mem dtype {mem_BTxRxDr.dtype}.")
 
 
 def check_triton_blocks(block_n: int, block_r: int) -> None:

@@ -4,7 +4,7 @@ Per token, per route block, for each order o the kernel gathers the table rows
 E_o[rows_o] itself (a pointer gather: the table ref indexed by a vector of row
 ids, which Triton lowers; `jnp.take` in a kernel would not lower), rounds them
 to the activation dtype as the unfused layer does, normalises the route tokens
-x = concat_o E_o[rows_o] with RMSNorm (float32 statistics over all D = O·Dm
+x = concat_o E_o[rows_o] with RMSNorm (float32 statistics over all Dr = O·Dm
 features), and runs the online sink softmax of `triton_gpu` on x̂. The route
 token x and its normalised x̂ never exist in HBM.
 
@@ -15,11 +15,15 @@ concatenation or slicing of tiles is needed inside the kernel.
 
 Backward (per token, route block): recompute x, x̂; p, dp, ds as in
 `triton_gpu`; dx̂ = pᵀ·dout + scale·dsᵀ·q; through the RMSNorm,
-    dγ += Σ_rows dx̂ ⊙ x·r,   dx = r·(γ⊙dx̂) - x·r³·Σ_D(x⊙γ⊙dx̂)/D,
-with r = rsqrt(mean(x²) + eps). dx is written per order ([N, R, Dm] in the
+    dγ += Σ_rows dx̂ ⊙ x·r,   dx = r·(γ⊙dx̂) - x·r³·Σ_D(x⊙γ⊙dx̂)/Dr,
+with r = rsqrt(mean(x²) + eps). dx is written per order ([BT, R, Dm] in the
 activation dtype): it is the cotangent of each order's retrieved vector,
 which the table scatter-add and the router's surrogate gradient consume
-(`fused.py`). dγ leaves as one partial sum per program.
+(`lngram_jax.fused`). dγ leaves as one partial sum per program.
+
+The kernels are generic: row ids, tables, a norm scale and queries; what the
+rows mean (n-gram addresses) and the gradients behind them live in the model
+package. `fused_reference` is the XLA twin of the forward.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.sink_readout.common import MASK_VALUE, triton_pad
+from kernels.sink_readout.common import MASK_VALUE, BlockSizes, triton_pad
 from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, _num_warps
 
 
@@ -48,7 +52,7 @@ class _Tiles:
     self.tile_ok = self.head_ok[:, None] & self.col_ok[None, :]
 
   def features(self, o):
-    """Columns of order o inside the D features (padded tile, masked)."""
+    """Columns of order o inside the Dr features (padded tile, masked)."""
     return pl.ds(o * self.mem_dim, self.cols)
 
   def load_heads(self, ref, t, o, token_ok):
@@ -181,11 +185,11 @@ def _backward_kernel(q_ref, norm_ref, out_ref, lse_ref, dout_ref, dlse_ref, *ref
     plgpu.store(dnorm_ref.at[tiles.features(o)], dg, mask=tiles.col_ok)
 
 
-def _specs(N, Hq, R, Dm, n_orders, tables, block_n, block_r):
+def _specs(BT, Hq, R, Dm, n_orders, tables, block_n, block_r):
   hp, cp = triton_pad(Hq), triton_pad(Dm)
   dp = (n_orders - 1) * Dm + cp  # the last order's padded tile must fit the block
   rp = pl.cdiv(R, block_r) * block_r
-  grid = (pl.cdiv(N, block_n),)
+  grid = (pl.cdiv(BT, block_n),)
   heads = pl.BlockSpec((block_n, hp, dp), lambda i: (i, 0, 0))
   stats = pl.BlockSpec((block_n, hp), lambda i: (i, 0))
   rows = pl.BlockSpec((block_n, rp), lambda i: (i, 0))
@@ -194,66 +198,82 @@ def _specs(N, Hq, R, Dm, n_orders, tables, block_n, block_r):
   return grid, hp, cp, dp, heads, stats, rows, norm, whole
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "scale", "eps", "block_n", "block_r", "num_warps", "num_stages", "interpret"))
-def forward(q_NxHqxD, tables, rows, norm_scale_D, sink_logit, *, scale, eps, block_n, block_r,
-            num_warps=None, num_stages=2, interpret=False):
-  """(out_NxHqxD, lse_NxHq); rows: one int32 [N, R] per table, -1 = invalid window."""
-  N, Hq, D = q_NxHqxD.shape
+@functools.partial(jax.jit, static_argnames=("scale", "eps", "blocks", "interpret"))
+def forward(q_BTxHqxDr, tables, rows, norm_scale_Dr, sink_logit, *, scale: float, eps: float,
+            blocks: BlockSizes, interpret: bool = False):
+  """(out_BTxHqxDr, lse_BTxHq) of the sink readout over x̂ = RMSNorm(concat_o E_o[rows_o]).
+
+  Args:
+    q_BTxHqxDr: queries in the route-token space (Dr = |tables|·Dm).
+    tables: one [V_o, Dm] table per order (any row counts).
+    rows: one int32 [BT, R] per table, -1 = an invalid window (reads zero).
+    norm_scale_Dr: the RMSNorm scale γ.
+    sink_logit: b0 (may be traced).
+    scale, eps: score scale and RMSNorm epsilon (compiled in).
+    blocks: tiles (`block_n`, `block_r`, `num_warps`, `num_stages`).
+    interpret: run in interpret mode (CPU).
+  """
+  block_n, block_r = blocks.block_n, blocks.block_r
+  num_warps, num_stages = blocks.num_warps, blocks.num_stages
+  BT, Hq, Dr = q_BTxHqxDr.shape
   n_orders, R = len(tables), rows[0].shape[1]
   Dm = tables[0].shape[1]
   grid, hp, _, dp, heads, stats, row_spec, norm, whole = _specs(
-      N, Hq, R, Dm, n_orders, tables, block_n, block_r)
+      BT, Hq, R, Dm, n_orders, tables, block_n, block_r)
   kernel = functools.partial(
-      _forward_kernel, scale=float(scale), eps=float(eps), n_tokens=N, heads=Hq, routes=R,
+      _forward_kernel, scale=float(scale), eps=float(eps), n_tokens=BT, heads=Hq, routes=R,
       mem_dim=Dm, n_orders=n_orders, block_n=block_n, block_r=block_r,
-      act_dtype=q_NxHqxD.dtype)
+      act_dtype=q_BTxHqxDr.dtype)
   return pl.pallas_call(
       kernel,
       grid=grid,
       in_specs=[pl.BlockSpec((hp,), lambda i: (0,)), heads, norm, *whole,
                 *[row_spec] * n_orders],
       out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
-                 jax.ShapeDtypeStruct((N, Hq), jnp.float32)],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
       compiler_params=plgpu.CompilerParams(
           num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
       interpret=interpret,
       name="fused_sink_readout_fwd",
-  )(jnp.full((hp,), sink_logit, jnp.float32), q_NxHqxD, norm_scale_D.astype(jnp.float32),
+  )(jnp.full((hp,), sink_logit, jnp.float32), q_BTxHqxDr, norm_scale_Dr.astype(jnp.float32),
     *tables, *rows)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "scale", "eps", "block_n", "block_r", "num_warps", "num_stages", "interpret"))
-def backward(q_NxHqxD, tables, rows, norm_scale_D, out_NxHqxD, lse_NxHq, dout_NxHqxD,
-             dlse_NxHq, *, scale, eps, block_n, block_r, num_warps=None, num_stages=2,
-             interpret=False):
-  """(dq_NxHqxD, [dx_NxRxDm per order], d_norm_scale_D)."""
-  N, Hq, D = q_NxHqxD.shape
+@functools.partial(jax.jit, static_argnames=("scale", "eps", "blocks", "interpret"))
+def backward(q_BTxHqxDr, tables, rows, norm_scale_Dr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
+             dlse_BTxHq, *, scale: float, eps: float, blocks: BlockSizes, interpret: bool = False):
+  """(dq_BTxHqxDr, [dx_BTxRxDm per order], d_norm_scale_Dr), with the backward tiles of `blocks`.
+
+  dx is the cotangent of each order's gathered rows E_o[rows_o] (zero at -1 rows
+  is the caller's to apply); the caller turns it into table gradients.
+  """
+  block_n, block_r = blocks.bwd_n, blocks.bwd_r
+  num_warps, num_stages = blocks.num_warps, blocks.num_stages
+  BT, Hq, Dr = q_BTxHqxDr.shape
   n_orders, R = len(tables), rows[0].shape[1]
   Dm = tables[0].shape[1]
   grid, hp, cp, dp, heads, stats, row_spec, norm, whole = _specs(
-      N, Hq, R, Dm, n_orders, tables, block_n, block_r)
+      BT, Hq, R, Dm, n_orders, tables, block_n, block_r)
   rp = row_spec.block_shape[1]
   kernel = functools.partial(
-      _backward_kernel, scale=float(scale), eps=float(eps), n_tokens=N, heads=Hq, routes=R,
+      _backward_kernel, scale=float(scale), eps=float(eps), n_tokens=BT, heads=Hq, routes=R,
       mem_dim=Dm, n_orders=n_orders, block_n=block_n, block_r=block_r,
-      act_dtype=q_NxHqxD.dtype)
+      act_dtype=q_BTxHqxDr.dtype)
   dx_spec = pl.BlockSpec((block_n, rp, cp), lambda i: (i, 0, 0))
   outs = pl.pallas_call(
       kernel,
       grid=grid,
       in_specs=[heads, norm, heads, stats, heads, stats, *whole, *[row_spec] * n_orders],
       out_specs=[heads, *[dx_spec] * n_orders, pl.BlockSpec((None, dp), lambda i: (i, 0))],
-      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
-                 *[jax.ShapeDtypeStruct((N, R, Dm), q_NxHqxD.dtype)] * n_orders,
-                 jax.ShapeDtypeStruct((grid[0], D), jnp.float32)],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 *[jax.ShapeDtypeStruct((BT, R, Dm), q_BTxHqxDr.dtype)] * n_orders,
+                 jax.ShapeDtypeStruct((grid[0], Dr), jnp.float32)],
       compiler_params=plgpu.CompilerParams(
           num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
       interpret=interpret,
       name="fused_sink_readout_bwd",
-  )(q_NxHqxD, norm_scale_D.astype(jnp.float32), out_NxHqxD, lse_NxHq, dout_NxHqxD,
-    dlse_NxHq.astype(jnp.float32), *tables, *rows)
+  )(q_BTxHqxDr, norm_scale_Dr.astype(jnp.float32), out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
+    dlse_BTxHq.astype(jnp.float32), *tables, *rows)
   dq, dxs, dnorm_partial = outs[0], outs[1:-1], outs[-1]
   return dq, list(dxs), jnp.sum(dnorm_partial, axis=0)

@@ -53,10 +53,10 @@ def _route_masks(j, block_r, routes):
 
 
 def _load_mem(mem_ref, t, rows_Rx1):
-  mem_RxD = mem_ref[t]
+  mem_RxDr = mem_ref[t]
   if rows_Rx1 is not None:  # rows past R hold garbage (possibly NaN): zero them
-    mem_RxD = jnp.where(rows_Rx1, mem_RxD, jnp.zeros_like(mem_RxD))
-  return mem_RxD
+    mem_RxDr = jnp.where(rows_Rx1, mem_RxDr, jnp.zeros_like(mem_RxDr))
+  return mem_RxDr
 
 
 def _forward_kernel(sink_ref, q_ref, mem_ref, out_ref, lse_ref, m_scr, l_scr, acc_scr, *,
@@ -73,8 +73,8 @@ def _forward_kernel(sink_ref, q_ref, mem_ref, out_ref, lse_ref, m_scr, l_scr, ac
 
   rows_Rx1, cols_1xR = _route_masks(j, block_r, routes)
   for t in range(block_n):
-    mem_RxD = _load_mem(mem_ref, t, rows_Rx1)
-    s_HxR = _dot(q_ref[t], mem_RxD, _NT) * scale
+    mem_RxDr = _load_mem(mem_ref, t, rows_Rx1)
+    s_HxR = _dot(q_ref[t], mem_RxDr, _NT) * scale
     if cols_1xR is not None:
       s_HxR = jnp.where(cols_1xR, s_HxR, MASK_VALUE)
     m_prev = m_scr[t]  # [Hq, LANES], every lane equal
@@ -84,7 +84,7 @@ def _forward_kernel(sink_ref, q_ref, mem_ref, out_ref, lse_ref, m_scr, l_scr, ac
     l_scr[t] = correction * l_scr[t] + jnp.sum(p_HxR, axis=1, keepdims=True)
     m_scr[t] = m_next
     acc_scr[t] = (acc_scr[t] * correction[:, :1]
-                  + _dot(p_HxR.astype(mem_RxD.dtype), mem_RxD))
+                  + _dot(p_HxR.astype(mem_RxDr.dtype), mem_RxDr))
 
   @pl.when(j == pl.num_programs(1) - 1)
   def _finish():
@@ -104,78 +104,78 @@ def _backward_kernel(q_ref, mem_ref, out_ref, lse_ref, dout_ref, dlse_ref, dq_re
 
   rows_Rx1, cols_1xR = _route_masks(j, block_r, routes)
   for t in range(block_n):
-    q_HxD, dout_HxD = q_ref[t], dout_ref[t]
-    delta_Hx1 = jnp.sum(out_ref[t].astype(jnp.float32) * dout_HxD.astype(jnp.float32),
+    q_HxDr, dout_HxDr = q_ref[t], dout_ref[t]
+    delta_Hx1 = jnp.sum(out_ref[t].astype(jnp.float32) * dout_HxDr.astype(jnp.float32),
                         axis=1, keepdims=True)
     shift_Hx1 = dlse_ref[t][:, :1] - delta_Hx1  # ds = p·(dp - delta + dlse)
-    mem_RxD = _load_mem(mem_ref, t, rows_Rx1)
-    s_HxR = _dot(q_HxD, mem_RxD, _NT) * scale
+    mem_RxDr = _load_mem(mem_ref, t, rows_Rx1)
+    s_HxR = _dot(q_HxDr, mem_RxDr, _NT) * scale
     p_HxR = jnp.exp(s_HxR - lse_ref[t][:, :1])
     if cols_1xR is not None:
       p_HxR = jnp.where(cols_1xR, p_HxR, 0.0)
-    ds_HxR = p_HxR * (_dot(dout_HxD, mem_RxD, _NT) + shift_Hx1)
-    dmem_RxD = (_dot(p_HxR.astype(dout_HxD.dtype), dout_HxD, _TN)
-                + scale * _dot(ds_HxR.astype(q_HxD.dtype), q_HxD, _TN))
-    dmem_ref[t] = dmem_RxD.astype(dmem_ref.dtype)
-    dq_scr[t] += _dot(ds_HxR.astype(mem_RxD.dtype), mem_RxD)
+    ds_HxR = p_HxR * (_dot(dout_HxDr, mem_RxDr, _NT) + shift_Hx1)
+    dmem_RxDr = (_dot(p_HxR.astype(dout_HxDr.dtype), dout_HxDr, _TN)
+                + scale * _dot(ds_HxR.astype(q_HxDr.dtype), q_HxDr, _TN))
+    dmem_ref[t] = dmem_RxDr.astype(dmem_ref.dtype)
+    dq_scr[t] += _dot(ds_HxR.astype(mem_RxDr.dtype), mem_RxDr)
 
   @pl.when(j == pl.num_programs(1) - 1)
   def _finish():
     dq_ref[...] = (scale * dq_scr[...]).astype(dq_ref.dtype)
 
 
-def _specs(N, Hq, R, D, block_n, block_r):
+def _specs(BT, Hq, R, Dr, block_n, block_r):
   block_r = min(block_r, R)
-  grid = (pl.cdiv(N, block_n), pl.cdiv(R, block_r))
-  heads = pl.BlockSpec((block_n, Hq, D), lambda i, j: (i, 0, 0))
-  routes = pl.BlockSpec((block_n, block_r, D), lambda i, j: (i, j, 0))
+  grid = (pl.cdiv(BT, block_n), pl.cdiv(R, block_r))
+  heads = pl.BlockSpec((block_n, Hq, Dr), lambda i, j: (i, 0, 0))
+  routes = pl.BlockSpec((block_n, block_r, Dr), lambda i, j: (i, j, 0))
   stats = pl.BlockSpec((block_n, Hq, LANES), lambda i, j: (i, 0, 0))
   return grid, block_r, heads, routes, stats
 
 
-def _lanes(x_NxHq):
-  return jnp.broadcast_to(x_NxHq.astype(jnp.float32)[..., None], (*x_NxHq.shape, LANES))
+def _lanes(x_BTxHq):
+  return jnp.broadcast_to(x_BTxHq.astype(jnp.float32)[..., None], (*x_BTxHq.shape, LANES))
 
 
 _PARAMS = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_n", "block_r", "interpret"))
-def forward(q_NxHqxD, mem_NxRxD, *, sink_logit, scale, block_n, block_r, interpret=False):
-  """(out_NxHqxD, lse_NxHq) by the Mosaic forward kernel. No input checks here.
+def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r, interpret=False):
+  """(out_BTxHqxDr, lse_BTxHq) by the Mosaic forward kernel. No input checks here.
 
   sink_logit may be a Python float or a traced float32 scalar.
   """
-  N, Hq, D = q_NxHqxD.shape
-  R = mem_NxRxD.shape[1]
-  grid, block_r, heads, routes, stats = _specs(N, Hq, R, D, block_n, block_r)
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  R = mem_BTxRxDr.shape[1]
+  grid, block_r, heads, routes, stats = _specs(BT, Hq, R, Dr, block_n, block_r)
   kernel = functools.partial(
       _forward_kernel, scale=float(scale), routes=R, block_n=block_n, block_r=block_r)
   sink_HqxL = jnp.full((Hq, LANES), sink_logit, jnp.float32)
-  out, lse_NxHqxL = pl.pallas_call(
+  out, lse_BTxHqxL = pl.pallas_call(
       kernel,
       grid=grid,
       in_specs=[pl.BlockSpec((Hq, LANES), lambda i, j: (0, 0)), heads, routes],
       out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
-                 jax.ShapeDtypeStruct((N, Hq, LANES), jnp.float32)],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct((BT, Hq, LANES), jnp.float32)],
       scratch_shapes=[pltpu.VMEM((block_n, Hq, LANES), jnp.float32),
                       pltpu.VMEM((block_n, Hq, LANES), jnp.float32),
-                      pltpu.VMEM((block_n, Hq, D), jnp.float32)],
+                      pltpu.VMEM((block_n, Hq, Dr), jnp.float32)],
       compiler_params=_PARAMS,
       interpret=interpret,
       name="sink_readout_fwd",
-  )(sink_HqxL, q_NxHqxD, mem_NxRxD)
-  return out, lse_NxHqxL[..., 0]
+  )(sink_HqxL, q_BTxHqxDr, mem_BTxRxDr)
+  return out, lse_BTxHqxL[..., 0]
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_n", "block_r", "interpret"))
-def backward(q_NxHqxD, mem_NxRxD, out_NxHqxD, lse_NxHq, dout_NxHqxD, dlse_NxHq, *,
+def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dlse_BTxHq, *,
              scale, block_n, block_r, interpret=False):
-  """(dq_NxHqxD, dmem_NxRxD) by the Mosaic backward kernel."""
-  N, Hq, D = q_NxHqxD.shape
-  R = mem_NxRxD.shape[1]
-  grid, block_r, heads, routes, stats = _specs(N, Hq, R, D, block_n, block_r)
+  """(dq_BTxHqxDr, dmem_BTxRxDr) by the Mosaic backward kernel."""
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  R = mem_BTxRxDr.shape[1]
+  grid, block_r, heads, routes, stats = _specs(BT, Hq, R, Dr, block_n, block_r)
   kernel = functools.partial(
       _backward_kernel, scale=float(scale), routes=R, block_n=block_n, block_r=block_r)
   return pl.pallas_call(
@@ -183,10 +183,10 @@ def backward(q_NxHqxD, mem_NxRxD, out_NxHqxD, lse_NxHq, dout_NxHqxD, dlse_NxHq, 
       grid=grid,
       in_specs=[heads, routes, heads, stats, heads, stats],
       out_specs=[heads, routes],
-      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
-                 jax.ShapeDtypeStruct(mem_NxRxD.shape, mem_NxRxD.dtype)],
-      scratch_shapes=[pltpu.VMEM((block_n, Hq, D), jnp.float32)],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
+      scratch_shapes=[pltpu.VMEM((block_n, Hq, Dr), jnp.float32)],
       compiler_params=_PARAMS,
       interpret=interpret,
       name="sink_readout_bwd",
-  )(q_NxHqxD, mem_NxRxD, out_NxHqxD, _lanes(lse_NxHq), dout_NxHqxD, _lanes(dlse_NxHq))
+  )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, _lanes(lse_BTxHq), dout_BTxHqxDr, _lanes(dlse_BTxHq))

@@ -8,7 +8,7 @@ sink is counted once, before any route. Scores and statistics are float32.
 Triton wants every loaded tile to have a power-of-2 size and tl.dot wants
 every side >= 16, so the head and feature axes are padded to such tiles
 (`triton_pad`) and every load and store is masked: padded heads, features,
-routes past R and tokens past N are never read from or written to HBM.
+routes past R and tokens past BT are never read from or written to HBM.
 
 Backward (per token, given dout and dlse):
     p = exp(s - lse),  dp = dout·memᵀ,  delta = Σ_D out·dout,
@@ -63,28 +63,28 @@ def _forward_kernel(sink_ref, q_ref, mem_ref, out_ref, lse_ref, *, scale, n_toke
 
   def token(t, carry):
     token_ok = first + t < n_tokens
-    q_HxD = plgpu.load(q_ref.at[t], mask=tile_ok & token_ok, other=0.0)
+    q_HxDr = plgpu.load(q_ref.at[t], mask=tile_ok & token_ok, other=0.0)
 
     def route_block(j, state):
-      m_H, l_H, acc_HxD = state
+      m_H, l_H, acc_HxDr = state
       row_ok = j * block_r + jnp.arange(block_r) < routes
-      mem_RxD = plgpu.load(mem_ref.at[t, pl.ds(j * block_r, block_r), :],
+      mem_RxDr = plgpu.load(mem_ref.at[t, pl.ds(j * block_r, block_r), :],
                            mask=row_ok[:, None] & feat_ok[None, :] & token_ok, other=0.0)
-      s_HxR = _dot(q_HxD, mem_RxD, _NT) * scale
+      s_HxR = _dot(q_HxDr, mem_RxDr, _NT) * scale
       s_HxR = jnp.where(row_ok[None, :], s_HxR, MASK_VALUE)
       m_new = jnp.maximum(m_H, jnp.max(s_HxR, axis=1))
       correction = jnp.exp(m_H - m_new)
       p_HxR = jnp.exp(s_HxR - m_new[:, None])
       l_new = l_H * correction + jnp.sum(p_HxR, axis=1)
-      acc_new = acc_HxD * correction[:, None] + _dot(p_HxR.astype(mem_RxD.dtype), mem_RxD)
+      acc_new = acc_HxDr * correction[:, None] + _dot(p_HxR.astype(mem_RxDr.dtype), mem_RxDr)
       return m_new, l_new, acc_new
 
     init = (sink_ref[...],
             jnp.ones((padded_heads,), jnp.float32),
             jnp.zeros((padded_heads, padded_dim), jnp.float32))
-    m_H, l_H, acc_HxD = lax.fori_loop(0, pl.cdiv(routes, block_r), route_block, init)
+    m_H, l_H, acc_HxDr = lax.fori_loop(0, pl.cdiv(routes, block_r), route_block, init)
     # l >= 1: the largest term of the sum (sink or route) is exp(0).
-    plgpu.store(out_ref.at[t], (acc_HxD / l_H[:, None]).astype(out_ref.dtype),
+    plgpu.store(out_ref.at[t], (acc_HxDr / l_H[:, None]).astype(out_ref.dtype),
                 mask=tile_ok & token_ok)
     plgpu.store(lse_ref.at[t], m_H + jnp.log(l_H), mask=head_ok & token_ok)
     return carry
@@ -101,34 +101,34 @@ def _backward_kernel(q_ref, mem_ref, out_ref, lse_ref, dout_ref, dlse_ref, dq_re
 
   def token(t, carry):
     token_ok = first + t < n_tokens
-    q_HxD = plgpu.load(q_ref.at[t], mask=tile_ok & token_ok, other=0.0)
-    dout_HxD = plgpu.load(dout_ref.at[t], mask=tile_ok & token_ok, other=0.0)
-    out_HxD = plgpu.load(out_ref.at[t], mask=tile_ok & token_ok, other=0.0)
+    q_HxDr = plgpu.load(q_ref.at[t], mask=tile_ok & token_ok, other=0.0)
+    dout_HxDr = plgpu.load(dout_ref.at[t], mask=tile_ok & token_ok, other=0.0)
+    out_HxDr = plgpu.load(out_ref.at[t], mask=tile_ok & token_ok, other=0.0)
     lse_H = plgpu.load(lse_ref.at[t], mask=head_ok & token_ok, other=0.0)
     dlse_H = plgpu.load(dlse_ref.at[t], mask=head_ok & token_ok, other=0.0)
     # ds = p·(dp - delta + dlse): fold the per-head constants once.
-    delta_H = jnp.sum(out_HxD.astype(jnp.float32) * dout_HxD.astype(jnp.float32), axis=1)
+    delta_H = jnp.sum(out_HxDr.astype(jnp.float32) * dout_HxDr.astype(jnp.float32), axis=1)
     shift_H = dlse_H - delta_H
 
-    def route_block(j, dq_HxD):
+    def route_block(j, dq_HxDr):
       row_ok = j * block_r + jnp.arange(block_r) < routes
       mem_tile_ok = row_ok[:, None] & feat_ok[None, :] & token_ok
       mem_rows = pl.ds(j * block_r, block_r)
-      mem_RxD = plgpu.load(mem_ref.at[t, mem_rows, :], mask=mem_tile_ok, other=0.0)
-      s_HxR = _dot(q_HxD, mem_RxD, _NT) * scale
+      mem_RxDr = plgpu.load(mem_ref.at[t, mem_rows, :], mask=mem_tile_ok, other=0.0)
+      s_HxR = _dot(q_HxDr, mem_RxDr, _NT) * scale
       p_HxR = jnp.exp(s_HxR - lse_H[:, None])
       p_HxR = jnp.where(head_ok[:, None] & row_ok[None, :], p_HxR, 0.0)
-      dp_HxR = _dot(dout_HxD, mem_RxD, _NT)
+      dp_HxR = _dot(dout_HxDr, mem_RxDr, _NT)
       ds_HxR = p_HxR * (dp_HxR + shift_H[:, None])
-      dmem_RxD = (_dot(p_HxR.astype(dout_HxD.dtype), dout_HxD, _TN)
-                  + scale * _dot(ds_HxR.astype(q_HxD.dtype), q_HxD, _TN))
-      plgpu.store(dmem_ref.at[t, mem_rows, :], dmem_RxD.astype(dmem_ref.dtype),
+      dmem_RxDr = (_dot(p_HxR.astype(dout_HxDr.dtype), dout_HxDr, _TN)
+                  + scale * _dot(ds_HxR.astype(q_HxDr.dtype), q_HxDr, _TN))
+      plgpu.store(dmem_ref.at[t, mem_rows, :], dmem_RxDr.astype(dmem_ref.dtype),
                   mask=mem_tile_ok)
-      return dq_HxD + _dot(ds_HxR.astype(mem_RxD.dtype), mem_RxD)
+      return dq_HxDr + _dot(ds_HxR.astype(mem_RxDr.dtype), mem_RxDr)
 
-    dq_HxD = lax.fori_loop(0, pl.cdiv(routes, block_r), route_block,
+    dq_HxDr = lax.fori_loop(0, pl.cdiv(routes, block_r), route_block,
                            jnp.zeros((padded_heads, padded_dim), jnp.float32))
-    plgpu.store(dq_ref.at[t], (scale * dq_HxD).astype(dq_ref.dtype), mask=tile_ok & token_ok)
+    plgpu.store(dq_ref.at[t], (scale * dq_HxDr).astype(dq_ref.dtype), mask=tile_ok & token_ok)
     return carry
 
   lax.fori_loop(0, block_n, token, None)
@@ -140,30 +140,30 @@ def _num_warps(num_warps, padded_dim):
   return 4 if padded_dim <= 256 else 8
 
 
-def _tile_specs(N, Hq, R, D, block_n, block_r):
+def _tile_specs(BT, Hq, R, Dr, block_n, block_r):
   """Block specs over token blocks; tiles padded for Triton, masked in the kernel."""
-  hp, dp = triton_pad(Hq), triton_pad(D)
+  hp, dp = triton_pad(Hq), triton_pad(Dr)
   rp = pl.cdiv(R, block_r) * block_r
   heads = pl.BlockSpec((block_n, hp, dp), lambda i: (i, 0, 0))
   routes = pl.BlockSpec((block_n, rp, dp), lambda i: (i, 0, 0))
   stats = pl.BlockSpec((block_n, hp), lambda i: (i, 0))
-  return (pl.cdiv(N, block_n),), heads, routes, stats, dp
+  return (pl.cdiv(BT, block_n),), heads, routes, stats, dp
 
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_n", "block_r", "num_warps", "num_stages", "interpret"))
-def forward(q_NxHqxD, mem_NxRxD, *, sink_logit, scale, block_n, block_r,
+def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
             num_warps=None, num_stages=2, interpret=False):
-  """(out_NxHqxD, lse_NxHq) by the Triton forward kernel. No input checks here.
+  """(out_BTxHqxDr, lse_BTxHq) by the Triton forward kernel. No input checks here.
 
   sink_logit may be a Python float or a traced float32 scalar.
   """
-  N, Hq, D = q_NxHqxD.shape
-  R = mem_NxRxD.shape[1]
-  grid, heads, routes, stats, dp = _tile_specs(N, Hq, R, D, block_n, block_r)
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  R = mem_BTxRxDr.shape[1]
+  grid, heads, routes, stats, dp = _tile_specs(BT, Hq, R, Dr, block_n, block_r)
   hp = stats.block_shape[1]
   kernel = functools.partial(
-      _forward_kernel, scale=float(scale), n_tokens=N, heads=Hq, routes=R, dim=D,
+      _forward_kernel, scale=float(scale), n_tokens=BT, heads=Hq, routes=R, dim=Dr,
       block_n=block_n, block_r=block_r)
   sink_Hp = jnp.full((hp,), sink_logit, jnp.float32)
   return pl.pallas_call(
@@ -171,36 +171,36 @@ def forward(q_NxHqxD, mem_NxRxD, *, sink_logit, scale, block_n, block_r,
       grid=grid,
       in_specs=[pl.BlockSpec((hp,), lambda i: (0,)), heads, routes],
       out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
-                 jax.ShapeDtypeStruct((N, Hq), jnp.float32)],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
       compiler_params=plgpu.CompilerParams(
           num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
       interpret=interpret,
       name="sink_readout_fwd",
-  )(sink_Hp, q_NxHqxD, mem_NxRxD)
+  )(sink_Hp, q_BTxHqxDr, mem_BTxRxDr)
 
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_n", "block_r", "num_warps", "num_stages", "interpret"))
-def backward(q_NxHqxD, mem_NxRxD, out_NxHqxD, lse_NxHq, dout_NxHqxD, dlse_NxHq, *,
+def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dlse_BTxHq, *,
              scale, block_n, block_r, num_warps=None, num_stages=2, interpret=False):
-  """(dq_NxHqxD, dmem_NxRxD) by the Triton backward kernel."""
-  N, Hq, D = q_NxHqxD.shape
-  R = mem_NxRxD.shape[1]
-  grid, heads, routes, stats, dp = _tile_specs(N, Hq, R, D, block_n, block_r)
+  """(dq_BTxHqxDr, dmem_BTxRxDr) by the Triton backward kernel."""
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  R = mem_BTxRxDr.shape[1]
+  grid, heads, routes, stats, dp = _tile_specs(BT, Hq, R, Dr, block_n, block_r)
   kernel = functools.partial(
-      _backward_kernel, scale=float(scale), n_tokens=N, heads=Hq, routes=R, dim=D,
+      _backward_kernel, scale=float(scale), n_tokens=BT, heads=Hq, routes=R, dim=Dr,
       block_n=block_n, block_r=block_r)
   return pl.pallas_call(
       kernel,
       grid=grid,
       in_specs=[heads, routes, heads, stats, heads, stats],
       out_specs=[heads, routes],
-      out_shape=[jax.ShapeDtypeStruct(q_NxHqxD.shape, q_NxHqxD.dtype),
-                 jax.ShapeDtypeStruct(mem_NxRxD.shape, mem_NxRxD.dtype)],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
       compiler_params=plgpu.CompilerParams(
           num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
       interpret=interpret,
       name="sink_readout_bwd",
-  )(q_NxHqxD, mem_NxRxD, out_NxHqxD, lse_NxHq, dout_NxHqxD,
-    dlse_NxHq.astype(jnp.float32))
+  )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
+    dlse_BTxHq.astype(jnp.float32))

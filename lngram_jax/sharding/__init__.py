@@ -1,13 +1,14 @@
-"""Lngram v2 on a device mesh with `jax.shard_map` (DESIGN §2 "Sharding").
+"""Lngram v2 on a device mesh with `jax.shard_map` (DESIGN.md §2, sharding).
 
   mesh.py        ShardingConfig, make_mesh, partition specs, layout checks
   lookup.py      sharded_ngram_lookup: own rows gathered, psum over `table`
   readout.py     route-parallel readout: partial softmax states, lse merge
   context.py     context parallelism: ppermute halos over `seq`
-  layer.py       ShardedLngramV2, create_sharded (parameters born sharded)
+  layer.py       ShardedLngramV2, create_sharded (parameters born sharded);
+                 each shard runs `lngram_jax.core.forward` with its own pieces
   checkpoint.py  orbax save of sharded state, restore onto another mesh
-  multihost.py   jax.distributed start-up and a multi-process check
-  bench.py       bytes per token of the collectives, step-time ratios
+  multihost.py   jax.distributed start-up (the multi-process check and the
+                 benchmark are `experiments.bench.multihost` / `.sharding`)
 
 Every sharded function has an unsharded twin it is tested against.
 """
@@ -21,6 +22,7 @@ from lngram_jax.sharding.layer import (
 from lngram_jax.sharding.lookup import ngram_lookup_shard, sharded_ngram_lookup
 from lngram_jax.sharding.mesh import (
     ShardingConfig,
+    ShardingMode,
     check_layout,
     layer_param_shardings,
     layer_param_specs,
@@ -36,6 +38,7 @@ from lngram_jax.sharding.readout import (
 __all__ = [
     "ShardedLngramV2",
     "ShardingConfig",
+    "ShardingMode",
     "check_layout",
     "create_sharded",
     "layer_param_shardings",

@@ -1,45 +1,34 @@
-"""Orbax checkpoints of a (sharded) Lngram layer, restorable onto any mesh.
+"""Checkpoints of a (sharded) Lngram layer, restorable onto any mesh.
 
-A checkpoint directory holds two items:
-  params  the layer's state as a pure dict of arrays; orbax writes each shard
-          from the device that holds it, so no host ever gathers a table;
-  config  the `LngramConfig` as JSON, so `restore_layer` needs nothing else.
+The format is the project's one checkpoint format (`lngram_jax.checkpoint`):
+`path/0/` holds the layer's state as a pure dict of arrays (`params`), the
+`LngramConfig` as JSON (`config`) and the per-array digests (`meta`). orbax
+writes each shard from the device that holds it, and the digests are computed
+shard by shard, so no host ever gathers a table.
 
 Restoring follows the flax recipe (`nnx.eval_shape` for an abstract layer,
 orbax restore into its abstract state, `nnx.update`), with the target
 shardings of the NEW mesh attached to the abstract arrays: orbax reads every
 shard straight into the device that owns it, whatever mesh wrote it (8 → 4
-devices, or one device for a notebook).
-
-Orbax needs absolute paths; relative ones are resolved against the working
-directory here.
+devices, or one device for a notebook), and the digests, being independent of
+the layout, still verify.
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 
 import jax
-import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from lngram_jax.checkpoint import Checkpointer, CheckpointError, absolute
 from lngram_jax.config import LngramConfig
 from lngram_jax.layer import LngramV2
 from lngram_jax.sharding.layer import ShardedLngramV2
 from lngram_jax.sharding.mesh import ShardingConfig, layer_param_shardings
 
-
-def config_to_json(config: LngramConfig) -> dict:
-  return config.to_dict()
-
-
-def config_from_json(d: dict) -> LngramConfig:
-  return LngramConfig.from_dict(d)
-
-
-def _absolute(path) -> str:
-  return os.path.abspath(os.fspath(path))
+_STEP = 0  # a layer checkpoint is a one-step run
 
 
 def save_layer(path, layer: LngramV2, *, force: bool = False) -> str:
@@ -48,20 +37,21 @@ def save_layer(path, layer: LngramV2, *, force: bool = False) -> str:
   Works for sharded and unsharded layers alike. Returns the absolute path.
   An existing directory is an error unless `force`.
   """
-  path = _absolute(path)
-  params = nnx.to_pure_dict(nnx.state(layer))
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    ckpt.save(path, ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        config=ocp.args.JsonSave(config_to_json(layer.config))), force=force)
-  return path
+  path = absolute(path)
+  if path.exists():
+    if not force:
+      raise CheckpointError(f"save_layer: {path} exists; pass force=True to overwrite it.")
+    shutil.rmtree(path)
+  with Checkpointer(path, max_to_keep=None, async_save=False) as ckpt:
+    ckpt.save(_STEP, params=nnx.to_pure_dict(nnx.state(layer)),
+              config=layer.config.to_dict())
+  return str(path)
 
 
 def read_config(path) -> LngramConfig:
   """The `LngramConfig` stored in a checkpoint."""
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    saved = ckpt.restore(_absolute(path), ocp.args.Composite(config=ocp.args.JsonRestore()))
-  return config_from_json(saved["config"])
+  with Checkpointer(path, async_save=False, create=False) as ckpt:
+    return LngramConfig.from_dict(ckpt.read_json(_STEP, "config"))
 
 
 def restore_layer(path, *, mesh: Mesh | None = None, sharding: ShardingConfig | None = None,
@@ -76,9 +66,9 @@ def restore_layer(path, *, mesh: Mesh | None = None, sharding: ShardingConfig | 
     device: with `mesh` None, the device (default: the first local one).
 
   Returns:
-    The layer, its parameters read directly into their target shards.
+    The layer, its parameters read directly into their target shards and
+    checked against the digests recorded at save time.
   """
-  path = _absolute(path)
   config = read_config(path)
   if mesh is None:
     abstract = nnx.eval_shape(lambda: LngramV2(config, rngs=nnx.Rngs(0)))
@@ -93,8 +83,7 @@ def restore_layer(path, *, mesh: Mesh | None = None, sharding: ShardingConfig | 
     shardings = layer_param_shardings(params, mesh, sharding)
   target_params = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    restored = ckpt.restore(path, ocp.args.Composite(
-        params=ocp.args.StandardRestore(target_params)))
+  with Checkpointer(path, async_save=False, create=False) as ckpt:
+    restored = ckpt.restore_step(_STEP, abstract_params=target_params)
   nnx.update(abstract, restored["params"])
   return abstract

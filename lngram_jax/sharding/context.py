@@ -2,7 +2,7 @@
 
 A position needs the codes of the n-1 previous positions to address its
 n-gram, and in training their logits too (the surrogate's P(c|z) and its
-gradient land on those positions); the short conv reads (k-1)·dilation
+gradient land on those positions); the short conv reads (W-1)·dilation
 previous inputs. Each shard therefore prepends the last `halo` steps of its
 left neighbour's block, computes on [halo + T/seq] steps and drops the halo.
 
@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 
 from lngram_jax.conv import short_conv
-from lngram_jax.norms import rms_norm
 
 
 def left_halo(x_BxTx, size: int, *, axis_name: str, fill=0):
@@ -68,34 +67,16 @@ def extend_tokens(logits_BxTxRxM, *, halo: int, axis_name: str, segment_ids=None
   return logits_ext, segment_ext, valid_ext
 
 
-def short_conv_with_halo(x_BxTxD, kernel_KxD, *, dilation: int, axis_name: str,
+def short_conv_with_halo(x_BxTxD, kernel_WxD, *, dilation: int, axis_name: str,
                          segment_ids=None):
-  """`short_conv` of a time block, reading (k-1)·dilation steps of the left shard."""
-  halo = (kernel_KxD.shape[0] - 1) * dilation
+  """`short_conv` of a time block, reading (W-1)·dilation steps of the left shard.
+
+  The conv piece of the sharded layer's `core.forward`.
+  """
+  halo = (kernel_WxD.shape[0] - 1) * dilation
   x_ext = extend_left(x_BxTxD, halo, axis_name=axis_name)
   segment_ext = None
   if segment_ids is not None:
     segment_ext = extend_left(segment_ids, halo, axis_name=axis_name, fill=-1)
-  y_ext = short_conv(x_ext, kernel_KxD, dilation=dilation, segment_ids=segment_ext)
+  y_ext = short_conv(x_ext, kernel_WxD, dilation=dilation, segment_ids=segment_ext)
   return y_ext[:, halo:]
-
-
-def layer_output_with_halo(layer, o_BxTxHqxDh, *, axis_name: str, segment_ids=None,
-                           valid=None):
-  """`LngramV2.output` on a time block: the same maths, the conv given its halo.
-
-  Kept line for line beside `LngramV2.output`; tests compare the two layers.
-  """
-  c = layer.config
-  B, T = o_BxTxHqxDh.shape[:2]
-  v_BxTxD = o_BxTxHqxDh.reshape(B, T, -1) @ layer.w_o[...].astype(c.dtype)
-  conv_in = rms_norm(v_BxTxD, layer.conv_norm[...], eps=c.eps)
-  if valid is not None:
-    conv_in = conv_in * valid[:, :, None].astype(conv_in.dtype)
-  conv_out = short_conv_with_halo(conv_in, layer.conv_kernel[...].astype(c.dtype),
-                                  dilation=c.dilation, axis_name=axis_name,
-                                  segment_ids=segment_ids)
-  y_BxTxD = v_BxTxD + jax.nn.silu(conv_out)
-  if valid is not None:
-    y_BxTxD = y_BxTxD * valid[:, :, None].astype(y_BxTxD.dtype)
-  return y_BxTxD

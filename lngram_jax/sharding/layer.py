@@ -12,11 +12,11 @@ parameters (names, shapes, init, checkpoints) whose forward runs under
     up and reads out its own routes and the partial softmax states are merged
     (`readout.py`).
 
-Inside the body the local parameter shards are merged into a plain `LngramV2`
-whose config has the LOCAL route count, so the layer's own public pieces
-(`router_logits`, `route_tokens`, `query`, `kv_weights`, `output`) run
-unchanged on a shard. Gradients of replicated parameters are summed by
-shard_map's transpose.
+Inside the body each shard runs the one forward, `lngram_jax.core.forward`,
+on its local arrays, passing only its pieces: the lookup (a table shard's,
+with the left halo of context parallelism), the readout (route-parallel merge
+or the configured form) and the conv (with halo). Gradients of replicated
+parameters are summed by shard_map's transpose.
 
 `create_sharded` builds the layer inside `nnx.jit` with sharding constraints,
 so every parameter is created directly in its shards: no device ever holds a
@@ -28,17 +28,15 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from lngram_jax import checks
-from lngram_jax.addressing import codes_from_logits
+from lngram_jax import checks, core
 from lngram_jax.config import LngramConfig
+from lngram_jax.conv import short_conv
 from lngram_jax.layer import LngramV2
-from lngram_jax.norms import rms_norm
-from lngram_jax.readout import route_mass_from_lse
-from lngram_jax.sharding.context import extend_tokens, layer_output_with_halo
+from lngram_jax.lookup import ngram_lookup
+from lngram_jax.sharding.context import extend_tokens, short_conv_with_halo
 from lngram_jax.sharding.lookup import ngram_lookup_shard, vary_over
 from lngram_jax.sharding.mesh import (
     ShardingConfig,
@@ -109,12 +107,6 @@ def shard_layer(layer: LngramV2, *, mesh: Mesh,
   return sharded
 
 
-@functools.lru_cache(maxsize=32)
-def _graphdef(config: LngramConfig):
-  """The structure of a plain `LngramV2` with this config (no arrays built)."""
-  return nnx.graphdef(nnx.eval_shape(lambda: LngramV2(config, rngs=nnx.Rngs(0))))
-
-
 def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: ShardingConfig,
                         segment_ids=None, valid=None, return_aux=False):
   """Run `layer` (any `LngramV2`, its arrays on `mesh` or not) under shard_map."""
@@ -128,7 +120,7 @@ def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: Shard
   body = functools.partial(
       _layer_body, config=c, sharding=s, return_aux=return_aux,
       data_axis=present(s.data_axis), seq_axis=present(s.seq_axis),
-      table_axis=present(s.table_axis), table_shards=axis_size(mesh, s.table_axis),
+      table_axis=present(s.table_axis),
       context_parallel=axis_size(mesh, s.seq_axis) > 1)
   tok = token_spec(mesh, s)
   in_specs = (layer_param_specs(params, mesh, s), token_spec(mesh, s, None),
@@ -145,57 +137,53 @@ def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: Shard
 
 
 def _layer_body(params, h_BxTxD, segment_ids, valid, *, config, sharding, return_aux,
-                data_axis, seq_axis, table_axis, table_shards, context_parallel):
+                data_axis, seq_axis, table_axis, context_parallel):
+  """One shard's `core.forward`, given its pieces: lookup, readout and conv."""
   c = config
   route_parallel = sharding.mode == "route_parallel"
   # Every parameter varies with the tokens it meets (see `vary_over`).
   vary_axes = tuple(a for a in (data_axis, seq_axis) if a is not None)
   params = jax.tree.map(lambda p: vary_over(p, vary_axes), params)
-  local_config = c.replace(routes=c.routes // table_shards) if route_parallel else c
-  local = nnx.merge(_graphdef(local_config), params)
+  # In the route-parallel form router_w and the tables hold this shard's routes
+  # only, so the router and the lookup see R/S routes; b0 stays that of all R.
+  local = core.LngramParams.from_state(params)
 
   h_BxTxD = h_BxTxD.astype(c.dtype)
   if route_parallel and table_axis is not None:
     # Everything before the merge is per-shard work on h; marking h varying puts
-    # the backward's one psum on dh [B, T, d] instead of on dq̃ [B, T, Hq, D]
+    # the backward's one psum on dh [B, T, D] instead of on dq̃ [B, T, Hq, Dr]
     # and on the router's dh separately.
     h_BxTxD = vary_over(h_BxTxD, (table_axis,))
-  logits_BxTxRxM = local.router_logits(h_BxTxD)  # R = this shard's routes if route-parallel
   halo = c.max_order - 1 if context_parallel else 0
-  logits_ext, segment_ext, valid_ext = logits_BxTxRxM, segment_ids, valid
-  if halo:
-    logits_ext, segment_ext, valid_ext = extend_tokens(
-        logits_BxTxRxM, halo=halo, axis_name=seq_axis, segment_ids=segment_ids,
-        valid=valid)
 
-  q_BxTxHqxDh = local.query(h_BxTxD)
+  extended = {}  # one halo exchange for all orders (the core calls lookup per order)
+
+  def lookup(table_ExDm, logits_BxTxRxM, order):
+    # Context parallel: the windows reach `halo` steps into the left shard.
+    logits_ext, segment_ext, valid_ext = logits_BxTxRxM, segment_ids, valid
+    if halo:
+      if id(logits_BxTxRxM) not in extended:
+        extended[id(logits_BxTxRxM)] = extend_tokens(
+            logits_BxTxRxM, halo=halo, axis_name=seq_axis, segment_ids=segment_ids,
+            valid=valid)
+      logits_ext, segment_ext, valid_ext = extended[id(logits_BxTxRxM)]
+    kwargs = dict(order=order, bits=c.bits, segment_ids=segment_ext, valid=valid_ext,
+                  surrogate=c.surrogate, tau=c.surrogate_tau, scale=c.surrogate_scale)
+    if route_parallel:  # own routes only, nothing to combine
+      mem = ngram_lookup(table_ExDm, logits_ext, **kwargs)
+    else:  # own rows gathered, the rest psum'd in
+      mem = ngram_lookup_shard(table_ExDm, logits_ext, table_axis=table_axis, **kwargs)
+    return mem[:, halo:]
+
+  readout = None  # generic: the configured form, replicated after the psum
   if route_parallel:
-    x_BxTxRsxD = local.route_tokens(logits_ext, segment_ids=segment_ext,
-                                    valid=valid_ext)[:, halo:]
-    mem_hat = rms_norm(x_BxTxRsxD, local.mem_norm[...], eps=c.eps)
-    w_k, w_v = local.kv_weights()
-    o_BxTxHqxDh, lse_BxTxHq = route_parallel_readout(
-        q_BxTxHqxDh, mem_hat, w_k, w_v, sink_logit=c.sink_logit, axis_name=table_axis)
-  else:
-    mems = [
-        ngram_lookup_shard(table[...], logits_ext, order=n, bits=c.bits,
-                           table_axis=table_axis, segment_ids=segment_ext,
-                           valid=valid_ext, surrogate=c.surrogate, tau=c.surrogate_tau,
-                           scale=c.surrogate_scale)
-        for n, table in zip(c.orders, local.tables, strict=True)
-    ]
-    x_BxTxRxD = jnp.concatenate(mems, axis=-1).astype(c.dtype)[:, halo:]
-    o_BxTxHqxDh, lse_BxTxHq = local.readout(q_BxTxHqxDh, x_BxTxRxD)
-
+    readout = functools.partial(route_parallel_readout, axis_name=table_axis)
+  conv = functools.partial(short_conv, segment_ids=segment_ids)
   if context_parallel:
-    y_BxTxD = layer_output_with_halo(local, o_BxTxHqxDh, axis_name=seq_axis,
-                                     segment_ids=segment_ids, valid=valid)
-  else:
-    y_BxTxD = local.output(o_BxTxHqxDh, segment_ids=segment_ids, valid=valid)
+    conv = functools.partial(short_conv_with_halo, axis_name=seq_axis,
+                             segment_ids=segment_ids)
+  y_BxTxD, trace = core.forward(local, c, h_BxTxD, segment_ids=segment_ids, valid=valid,
+                                lookup=lookup, readout=readout, conv=conv)
   if not return_aux:
     return y_BxTxD
-  return y_BxTxD, {
-      "codes": codes_from_logits(logits_BxTxRxM),
-      "route_mass": route_mass_from_lse(lse_BxTxHq, c.sink_logit),
-      "logits": logits_BxTxRxM,
-  }
+  return y_BxTxD, core.aux_outputs(c, trace)

@@ -1,12 +1,12 @@
 """The generic sharded n-gram lookup: own rows gathered, zeros elsewhere, `psum`.
 
 Shard s of the `table` axis holds rows [s·V/S, (s+1)·V/S) of a table of
-V = R·K^n rows, i.e. every row of routes [s·R/S, (s+1)·R/S). It runs the
+V = R·C^n rows, i.e. every row of routes [s·R/S, (s+1)·R/S). It runs the
 unsharded `ngram_lookup` on those routes only, against its local rows, places
-the result in a zero [B, T, R, d_m] tensor and a `psum` over `table` combines
+the result in a zero [B, T, R, Dm] tensor and a `psum` over `table` combines
 the shards. Because the slice holds whole routes:
 
-  * the forward is the unsharded forward: route-local row ids (r - s·R/S)·K^n
+  * the forward is the unsharded forward: route-local row ids (r - s·R/S)·C^n
     + digits index the local block exactly;
   * the table gradient is the unsharded scatter-add restricted to local rows;
   * the surrogate gradient of a route reads only counterfactual rows of the
@@ -49,7 +49,7 @@ def ngram_lookup_shard(table_local_VsxDm, logits_BxTxRxM, *, order: int, bits: i
   """Inside `shard_map`: the generic lookup of one order, psum'd over `table_axis`.
 
   Args:
-    table_local_VsxDm: this shard's block of rows, V/S = (R/S)·K^n.
+    table_local_VsxDm: this shard's block of rows, V/S = (R/S)·C^n.
     logits_BxTxRxM: router logits of ALL routes (replicated over `table_axis`).
     table_axis: the mesh axis the rows are split over, or None (unsharded).
     vary_axes: mesh axes the logits vary over but the table does not (data, seq).
@@ -81,7 +81,7 @@ def ngram_lookup_shard(table_local_VsxDm, logits_BxTxRxM, *, order: int, bits: i
   return jax.lax.psum(mem_BxTxRxDm, table_axis)
 
 
-def sharded_ngram_lookup(table_VxDm, logits_BxTxRxM, *, mesh, order: int, bits: int,
+def sharded_ngram_lookup(table_ExDm, logits_BxTxRxM, *, mesh, order: int, bits: int,
                          sharding: ShardingConfig | None = None, segment_ids=None,
                          valid=None, surrogate: str = "onebit", tau: float = 1.0,
                          scale: float = 1.0):
@@ -93,7 +93,7 @@ def sharded_ngram_lookup(table_VxDm, logits_BxTxRxM, *, mesh, order: int, bits: 
   Returns mem_BxTxRxDm sharded as [data, seq, -, -].
   """
   s = sharding or ShardingConfig(mode="generic")
-  checks.check_rank("table", table_VxDm, 2, "[V, Dm]")
+  checks.check_rank("table", table_ExDm, 2, "[V, Dm]")
   checks.check_rank("logits", logits_BxTxRxM, 4, "[B, T, R, M]")
   B, T, R, _ = logits_BxTxRxM.shape
   shards = axis_size(mesh, s.table_axis)
@@ -117,7 +117,7 @@ def sharded_ngram_lookup(table_VxDm, logits_BxTxRxM, *, mesh, order: int, bits: 
               None if segment_ids is None else tok, None if valid is None else tok)
   fn = jax.shard_map(body, mesh=mesh, in_specs=in_specs,
                      out_specs=token_spec(mesh, s, None, None))
-  return fn(table_VxDm, logits_BxTxRxM, segment_ids, valid)
+  return fn(table_ExDm, logits_BxTxRxM, segment_ids, valid)
 
 
 def _lookup_body(table, logits, segment_ids, valid, *, order, bits, surrogate, tau,

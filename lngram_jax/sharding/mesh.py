@@ -5,20 +5,20 @@ Three mesh axes, each optional (a name missing from the mesh means size 1):
   data   the batch;
   seq    time, for context parallelism (halos exchanged with `ppermute`);
   table  table rows. Rows of route r are the contiguous range
-         [r·K^n, (r+1)·K^n), so an even split of rows over the axis is an even
+         [r·C^n, (r+1)·C^n), so an even split of rows over the axis is an even
          split of routes: shard s owns routes [s·R/S, (s+1)·R/S) of every
          order's table, and with them every counterfactual row the surrogate
          gradient of those routes reads.
 
-Two forms of the layer (DESIGN §2 "Sharding"):
+Two forms of the layer (DESIGN.md §2, sharding):
 
   generic         each shard gathers the rows of the routes it owns, the rest
                   are zero, and a `psum` over `table` rebuilds the route tokens
-                  [B, T, R, D]; the readout then runs replicated.
+                  [B, T, R, Dr]; the readout then runs replicated.
   route_parallel  each shard routes, looks up and reads out its own routes
                   only, and returns the partial online-softmax state; shards
-                  merge it with a log-sum-exp reduction (traffic Hq·D per token
-                  instead of R·D). The router columns are sharded with the
+                  merge it with a log-sum-exp reduction (traffic Hq·Dr per token
+                  instead of R·Dr). The router columns are sharded with the
                   routes (column r·M + j belongs to route r).
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import jax
 import numpy as np
@@ -34,7 +35,8 @@ from jax.sharding import PartitionSpec as P
 
 from lngram_jax.config import LngramConfig
 
-MODES = ("generic", "route_parallel")
+ShardingMode = Literal["generic", "route_parallel"]
+MODES: tuple[str, ...] = get_args(ShardingMode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ShardingConfig:
       table-row (= route) dimensions; a name the mesh lacks means unsharded.
   """
 
-  mode: str = "route_parallel"
+  mode: ShardingMode = "route_parallel"
   data_axis: str = "data"
   seq_axis: str = "seq"
   table_axis: str = "table"
@@ -107,12 +109,12 @@ def route_spec(mesh: Mesh, sharding: ShardingConfig, *trailing) -> P:
 
 
 def table_spec(mesh: Mesh, sharding: ShardingConfig) -> P:
-  """[R·K^n, d_m] tables: rows over table."""
+  """[R·C^n, Dm] tables: rows over table."""
   return P(_axis(mesh, sharding.table_axis), None)
 
 
 def router_spec(mesh: Mesh, sharding: ShardingConfig) -> P:
-  """[d, R·M] router: columns (routes) over table in the route-parallel form."""
+  """[D, R·M] router: columns (routes) over table in the route-parallel form."""
   if sharding.mode == "route_parallel":
     return P(None, _axis(mesh, sharding.table_axis))
   return P()

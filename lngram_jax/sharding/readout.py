@@ -1,6 +1,6 @@
 """Route-parallel readout: partial online-softmax states merged across shards.
 
-The absorbed readout is a multi-query attention of Hq queries q̃ of width D
+The absorbed readout is a multi-query attention of Hq queries q̃ of width Dr
 over R keys = values = x̂_r, plus a sink of fixed logit b0 and zero value. Split
 the routes over the `table` axis; shard s sees routes R_s and computes, per
 token and query head,
@@ -11,8 +11,8 @@ token and query head,
 
     m = max(b0, max_s m_s),  l = e^{b0 - m} + Σ_s l_s e^{m_s - m},  u = Σ_s u_s e^{m_s - m} / l,
 
-with the sink added once, after the reduction. Only (m, l, u), Hq·(D + 2)
-values per token, cross the network instead of the R·D route tokens. The
+with the sink added once, after the reduction. Only (m, l, u), Hq·(Dr + 2)
+values per token, cross the network instead of the R·Dr route tokens. The
 maxima are stabilisers: the result does not depend on them, so they carry no
 gradient (`stop_gradient`), and the backward is the exact gradient.
 """
@@ -33,34 +33,34 @@ def _stat_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def partial_sink_attention(q_BxTxHqxD, mem_BxTxRxD, *, scale):
+def partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
   """The online-softmax state of one shard's routes, without the sink.
 
-  Returns m_BxTxHq (no gradient), l_BxTxHq and u_BxTxHqxD, all float32 or wider.
+  Returns m_BxTxHq (no gradient), l_BxTxHq and u_BxTxHqxDr, all float32 or wider.
   """
-  acc = _stat_dtype(q_BxTxHqxD.dtype)
-  s_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", q_BxTxHqxD, mem_BxTxRxD,
+  acc = _stat_dtype(q_BxTxHqxDr.dtype)
+  s_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", q_BxTxHqxDr, mem_BxTxRxDr,
                           preferred_element_type=acc) * scale
   m_BxTxHq = jax.lax.stop_gradient(jnp.max(s_BxTxHqxR, axis=-1))
   e_BxTxHqxR = jnp.exp(s_BxTxHqxR - m_BxTxHq[..., None])
   l_BxTxHq = jnp.sum(e_BxTxHqxR, axis=-1)
-  u_BxTxHqxD = jnp.einsum("bthr,btrd->bthd", e_BxTxHqxR.astype(mem_BxTxRxD.dtype),
-                          mem_BxTxRxD, preferred_element_type=acc)
-  return m_BxTxHq, l_BxTxHq, u_BxTxHqxD
+  u_BxTxHqxDr = jnp.einsum("bthr,btrd->bthd", e_BxTxHqxR.astype(mem_BxTxRxDr.dtype),
+                          mem_BxTxRxDr, preferred_element_type=acc)
+  return m_BxTxHq, l_BxTxHq, u_BxTxHqxDr
 
 
-def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxD, *, sink_logit,
+def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxDr, *, sink_logit,
                             axis_name: str | None):
   """Log-sum-exp merge of the shards' states over `axis_name`; the sink once.
 
-  Returns the normalised u_BxTxHqxD and lse_BxTxHq over {sink, all routes}.
+  Returns the normalised u_BxTxHqxDr and lse_BxTxHq over {sink, all routes}.
   With `axis_name` None the state is merged with the sink only (one shard).
   """
   m_all = m_BxTxHq if axis_name is None else jax.lax.pmax(m_BxTxHq, axis_name)
   m_all = jnp.maximum(m_all, sink_logit)
   rescale_BxTxHq = jnp.exp(m_BxTxHq - m_all)
   l_scaled = l_BxTxHq * rescale_BxTxHq
-  u_scaled = u_BxTxHqxD * rescale_BxTxHq[..., None]
+  u_scaled = u_BxTxHqxDr * rescale_BxTxHq[..., None]
   if axis_name is not None:
     l_scaled = jax.lax.psum(l_scaled, axis_name)
     u_scaled = jax.lax.psum(u_scaled, axis_name)
@@ -68,26 +68,26 @@ def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxD, *, sink_logit,
   return u_scaled / total_BxTxHq[..., None], m_all + jnp.log(total_BxTxHq)
 
 
-def route_parallel_readout(q_BxTxHqxDh, mem_local_BxTxRsxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *,
+def route_parallel_readout(q_BxTxHqxDh, mem_local_BxTxRsxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
                            sink_logit, axis_name: str | None):
   """Inside `shard_map`: the absorbed readout over this shard's routes R_s, merged.
 
-  `mem_local_BxTxRsxD` is x̂ = RMSNorm_m(x) of the local routes; q, W_K, W_V are
+  `mem_local_BxTxRsxDr` is x̂ = RMSNorm_m(x) of the local routes; q, W_K, W_V are
   the full (replicated) ones. Returns o_BxTxHqxDh and lse_BxTxHq, identical on
   every shard of `axis_name` and equal to `absorbed_readout` over all routes.
   """
   Dh = q_BxTxHqxDh.shape[-1]
-  q_abs_BxTxHqxD = absorb_query(q_BxTxHqxDh, w_k_DxHkvxDh).astype(mem_local_BxTxRsxD.dtype)
-  state = partial_sink_attention(q_abs_BxTxHqxD, mem_local_BxTxRsxD,
+  q_abs_BxTxHqxDr = absorb_query(q_BxTxHqxDh, w_k_DrxHkvxDh).astype(mem_local_BxTxRsxDr.dtype)
+  state = partial_sink_attention(q_abs_BxTxHqxDr, mem_local_BxTxRsxDr,
                                  scale=1.0 / math.sqrt(Dh))
-  u_BxTxHqxD, lse_BxTxHq = merge_partial_attention(*state, sink_logit=sink_logit,
+  u_BxTxHqxDr, lse_BxTxHq = merge_partial_attention(*state, sink_logit=sink_logit,
                                                    axis_name=axis_name)
-  u_BxTxHqxD = u_BxTxHqxD.astype(q_abs_BxTxHqxD.dtype)
-  o_BxTxHqxDh = project_values(u_BxTxHqxD, w_v_DxHkvxDh).astype(q_BxTxHqxDh.dtype)
+  u_BxTxHqxDr = u_BxTxHqxDr.astype(q_abs_BxTxHqxDr.dtype)
+  o_BxTxHqxDh = project_values(u_BxTxHqxDr, w_v_DrxHkvxDh).astype(q_BxTxHqxDh.dtype)
   return o_BxTxHqxDh, lse_BxTxHq
 
 
-def sharded_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *, sink_logit,
+def sharded_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *, sink_logit,
                     mesh, sharding: ShardingConfig | None = None):
   """The route-parallel twin of `absorbed_readout(..., return_lse=True)`.
 
@@ -103,4 +103,4 @@ def sharded_readout(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh, *, sin
       in_specs=(token_spec(mesh, s, None, None), route_spec(mesh, s, None),
                 jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec()),
       out_specs=(token_spec(mesh, s, None, None), token_spec(mesh, s, None)))
-  return fn(q_BxTxHqxDh, mem_BxTxRxD, w_k_DxHkvxDh, w_v_DxHkvxDh)
+  return fn(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)

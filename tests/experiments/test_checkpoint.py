@@ -1,14 +1,23 @@
-"""Checkpoints: corrupt or truncated steps fall back to the previous valid one."""
+"""Checkpoints: corrupt or truncated steps fall back to the previous valid one; digests."""
 
+import gc
 import warnings
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.checkpoint import Checkpointer, CheckpointError, CorruptCheckpointError, restore
+from experiments.checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    restore,
+    run_checkpointer,
+    tree_digests,
+)
+from lngram_jax.checkpoint import leaf_digest
 
 
 def _largest_file(directory: Path) -> Path:
@@ -52,6 +61,7 @@ def test_truncated_files_everywhere_is_a_clear_error(smoke_run_copy):
     warnings.simplefilter("ignore", RuntimeWarning)
     with pytest.raises(CheckpointError, match=r"no valid checkpoint .*tried steps \[2, 1\]"):
       restore(workdir)
+  gc.collect()   # report those coroutines here, where the warning is filtered
 
 
 def test_corrupt_latest_config_uses_previous(smoke_run_copy):
@@ -67,6 +77,48 @@ def test_corrupt_latest_config_uses_previous(smoke_run_copy):
 def test_missing_run_is_a_clear_error(tmp_path):
   with pytest.raises(CheckpointError, match="no checkpoint directory"):
     restore(tmp_path / "nothing")
-  Checkpointer(tmp_path)  # creates an empty checkpoints/ folder
+  run_checkpointer(tmp_path)  # creates an empty checkpoints/ folder
   with pytest.raises(CheckpointError, match="no checkpoint found"):
     restore(tmp_path)
+
+
+def test_digest_is_per_element_and_independent_of_the_layout():
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  a = np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)
+  mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
+  layouts = [jax.device_put(a, NamedSharding(mesh, spec))
+             for spec in (P("x", "y"), P(None, "y"), P("y", None), P())]
+  assert {leaf_digest(x) for x in layouts} == {leaf_digest(a)}
+  b = a.copy()
+  b[5, 1] = np.nextafter(b[5, 1], np.float32(1))   # one ulp
+  assert leaf_digest(b) != leaf_digest(a)
+  c = a.copy()
+  c[[0, 1]] = c[[1, 0]]                            # same values, other places
+  assert leaf_digest(c) != leaf_digest(a)
+  assert leaf_digest(a.astype(np.float64)) != leaf_digest(a)
+  tree = {"w": a, "b": np.zeros(3, np.int32)}
+  assert set(tree_digests(tree)) == {"['b']", "['w']"}
+
+
+def test_async_save_of_sharded_arrays_survives_donation(tmp_path):
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from lngram_jax.checkpoint import Checkpointer
+
+  mesh = Mesh(np.asarray(jax.devices()[:4]), ("x",))
+  sharding = NamedSharding(mesh, P("x"))
+  table = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), sharding)
+  want = np.asarray(table)
+  step = jax.jit(lambda t: t * 0 - 1, donate_argnums=0)
+  with Checkpointer(tmp_path, async_save=True) as ckpt:
+    ckpt.save(1, params={"table": table})
+    step(table)   # the training step donates and overwrites the saved buffers
+  assert table.is_deleted()
+  abstract = {"table": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=sharding)}
+  with Checkpointer(tmp_path, create=False) as ckpt:
+    restored = ckpt.restore_step(1, abstract_params=abstract)
+  np.testing.assert_array_equal(np.asarray(restored["params"]["table"]), want)
+  assert restored["params"]["table"].sharding == sharding

@@ -1,4 +1,7 @@
-"""The `lngram-exp` command line (as `python -m experiments`), end to end in subprocesses."""
+"""The `lngram-exp` command line (as `python -m experiments`), end to end in subprocesses.
+
+Every test starts a Python process (seconds each): all are marked slow.
+"""
 
 import os
 import subprocess
@@ -22,12 +25,16 @@ def _cli(*args, timeout=300):
                         capture_output=True, text=True, timeout=timeout)
 
 
+pytestmark = pytest.mark.slow
+
+
 def test_configs_lists_files_with_purpose():
   out = _cli("configs")
   assert out.returncode == 0, out.stderr
   lines = out.stdout.splitlines()
   assert any(line.startswith("lm_lngram.py") and "Lngram" in line for line in lines)
   assert any(line.startswith("lm_baseline.py") and "baseline" in line for line in lines)
+  assert any(line.startswith("vlm_pvm_sft.py") and "Stage I" in line for line in lines)
 
 
 def test_usage_errors():
@@ -61,6 +68,32 @@ def test_train_eval_sample_on_a_folder(tmp_path):
   assert float(values["eval/bits_per_byte"]) == pytest.approx(bpb, abs=1e-4)
 
   out = _cli("sample", f"--workdir={workdir}", "--prompt=line ", "--max_new_tokens=6",
-             "--top_k=5")
+             "--greedy")
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "--- 'line '" in out.stdout
+  # The command prints what the library's greedy sampler gives for the restored run.
+  from experiments.checkpoint import restore
+  from experiments.train.evaluate import sample_text
+
+  model, _ = restore(workdir)
+  [expected] = sample_text(model, ["line "], max_new_tokens=6, greedy=True)
+  assert out.stdout == f"--- 'line '\nline {expected}\n"
+
+
+def test_lm_commands_on_a_vlm_run_say_so(tmp_path):
+  from flax import nnx
+
+  from experiments.checkpoint import run_checkpointer
+  from experiments.configs import load_config
+  from experiments.train import saved_config
+  from experiments.vlm.config import vlm_config
+  from experiments.vlm.model import VLM
+
+  config = load_config("experiments/configs/vlm_base.py:smoke")
+  model = VLM(vlm_config(config), rngs=nnx.Rngs(0))
+  with run_checkpointer(tmp_path, async_save=False) as ckpt:
+    ckpt.save(1, params=nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+              config=saved_config("vlm", config, model.config))
+  for command in ("eval", "sample"):
+    out = _cli(command, f"--workdir={tmp_path}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "is an LM command" in out.stderr and "lngram-exp analyze" in out.stderr

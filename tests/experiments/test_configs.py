@@ -1,66 +1,153 @@
-"""Every experiment config file loads, builds its model config and documents its command."""
+"""Every experiment config file loads, converts to its model config and documents its command."""
+
+import ast
+import json
 
 import pytest
 
-from experiments.configs import config_files, load_config, purpose
-from experiments.configs.base import corpus_spec, lm_config
+from experiments.configs import CONFIG_DIR, config_files, load_config, purpose
+from experiments.models.config import LMConfig, lm_config
+from experiments.vlm.config import VLMConfig, vlm_config
+from lngram_jax.config import SURROGATES
 
 FILES = [p.name for p in config_files()]
 ARGS = {"lm_lngram.py": ["", "smoke", "r64,onebit", "r16,ste,smoke", "none"],
-        "lm_baseline.py": ["", "smoke"]}
+        "lm_baseline.py": ["", "smoke"],
+        "vlm_base.py": ["", "smoke", "s3"],
+        "vlm_pvm_sft.py": ["", "smoke", "mlp", "hidden,d32,l0.2", "none,smoke"],
+        "vlm_pvm_grpo.py": ["", "smoke", "mlp,smoke"]}
+
+
+def _load(name, arg=""):
+  return load_config(f"experiments/configs/{name}:{arg}" if arg else
+                     f"experiments/configs/{name}")
 
 
 def test_known_config_files():
-  assert {"lm_baseline.py", "lm_lngram.py"} <= set(FILES)
+  assert set(FILES) == set(ARGS)
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_config_file_loads(name):
-  for arg in ARGS.get(name, ["", "smoke"]):
-    config = load_config(f"experiments/configs/{name}:{arg}" if arg else
-                         f"experiments/configs/{name}")
-    if "vlm" in config:  # VLM stages have their own builders (experiments.vlm)
-      continue
-    model = lm_config(config)
-    corpus_spec(config)
+def test_config_file_loads_and_converts(name):
+  for arg in ARGS[name]:
+    config = _load(name, arg)
+    if "vlm" in config:
+      model = vlm_config(config)
+      assert VLMConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
+      lm = model.lm
+    else:
+      lm = model = lm_config(config)
+      assert LMConfig.from_dict(json.loads(json.dumps(lm.to_dict()))) == lm
     if "smoke" in arg:
-      assert model.d_model <= 64 and config.train.steps <= 10 and config.data.max_files
+      assert lm.d_model <= 64 and config.train.steps <= 10 and config.data.max_files
   stem = name.removesuffix(".py")
   # big_vision habit: the docstring holds the exact command.
-  from experiments.configs import CONFIG_DIR
   doc = (CONFIG_DIR / name).read_text()
   assert f"lngram-exp train --config=experiments/configs/{stem}.py" in doc
   assert purpose(CONFIG_DIR / name)
 
 
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_config_modules_are_leaves(path):
+  """Config files and shared defaults import only ml_collections and each other."""
+  allowed = {"ml_collections", "experiments.configs", "__future__"}
+  if path.name == "__init__.py":   # the CLI's loaders: the standard library only
+    allowed = {"ast", "importlib.util", "pathlib", "__future__"}
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      names = [node.module]
+    else:
+      continue
+    assert all(n in allowed for n in names), (path.name, names)
+
+
 def test_lngram_args():
-  config = load_config("experiments/configs/lm_lngram.py:r64,onebit")
-  model = lm_config(config)
-  assert model.lngram.routes == 64 and model.lngram.surrogate == "onebit"
-  assert model.lngram_layers == (1, 2) and model.lngram.d_model == model.d_model
-  default = lm_config(load_config("experiments/configs/lm_lngram.py"))
-  assert default.lngram.routes == 16 and default.lngram.surrogate == "onebit"
-  assert lm_config(load_config("experiments/configs/lm_lngram.py:exact")).lngram.surrogate == (
-      "exact")
-  assert lm_config(load_config("experiments/configs/lm_baseline.py")).lngram is None
+  model = lm_config(_load("lm_lngram.py", "r64,onebit"))
+  assert model.memory.routes == 64 and model.memory.surrogate == "onebit"
+  assert model.memory_layers == (1, 2) and model.memory.d_model == model.d_model
+  default = lm_config(_load("lm_lngram.py"))
+  assert default.memory.routes == 16 and default.memory.surrogate == "onebit"
+  assert lm_config(_load("lm_lngram.py", "exact")).memory.surrogate == "exact"
+  baseline = lm_config(_load("lm_baseline.py"))
+  assert baseline.memory is None and baseline.memory_layers == ()
   with pytest.raises(ValueError, match="unknown config arg 'r1x'"):
-    load_config("experiments/configs/lm_lngram.py:r1x")
+    _load("lm_lngram.py", "r1x")
   with pytest.raises(ValueError, match="unknown config arg"):
-    load_config("experiments/configs/lm_baseline.py:r16")
+    _load("lm_baseline.py", "r16")
+
+
+def test_config_file_surrogates_are_the_library_s():
+  module = ast.parse((CONFIG_DIR / "lm_lngram.py").read_text())
+  names = next(ast.literal_eval(n.value) for n in module.body if isinstance(n, ast.Assign)
+               and n.targets[0].id == "SURROGATES")
+  assert tuple(names) == SURROGATES
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("surrogate", "softmax", "model.memory.surrogate='softmax' is not one of"),
+    ("readout", "fast", "model.memory.readout='fast' is not one of"),
+    ("kind", "pkm", "model.memory.kind='pkm' is not one of"),
+])
+def test_conversion_names_the_bad_key(field, value, match):
+  config = _load("lm_lngram.py", "smoke")
+  config.model.memory[field] = value
+  with pytest.raises(ValueError, match=match):
+    lm_config(config)
 
 
 def test_baseline_and_lngram_share_everything_but_memory():
-  a = load_config("experiments/configs/lm_baseline.py")
-  b = load_config("experiments/configs/lm_lngram.py")
+  a, b = _load("lm_baseline.py"), _load("lm_lngram.py")
   for block in ("data", "optim", "train"):
     assert a[block].to_dict() == b[block].to_dict(), block
   ma, mb = a.model.to_dict(), b.model.to_dict()
-  ma.pop("lngram_layers"), mb.pop("lngram_layers")
+  assert (ma.pop("memory_layers"), mb.pop("memory_layers")) == ((), (1, 2))
   assert ma == mb
 
 
 def test_seq_len_checked_against_max_len():
-  config = load_config("experiments/configs/lm_lngram.py:smoke")
+  config = _load("lm_lngram.py", "smoke")
   config.data.seq_len = config.model.max_len + 1
   with pytest.raises(ValueError, match="data.seq_len"):
     lm_config(config)
+
+
+def test_vlm_groups_and_args():
+  v = _load("vlm_pvm_sft.py").vlm
+  assert set(v) == {"stage", "encoder", "branch", "scenes", "eval", "grpo"}
+  assert (v.stage.name, v.stage.trainable, v.branch.kind) == ("sft", "branch", "pvm")
+  sft = vlm_config(_load("vlm_pvm_sft.py"))
+  assert sft.branch == "pvm" and sft.branch_layers == (1, 3) and sft.pvm_source == "raw"
+  assert sft.decoder.ffn_branch_layers == (1, 3) and sft.decoder.ffn_branch.source == "raw"
+  assert sft.n_visual == 9 and sft.visual_pos
+  hidden = vlm_config(_load("vlm_pvm_sft.py", "hidden,d32,l0.2"))
+  assert hidden.pvm_source == "hidden" and hidden.pvm.latent_dim == 32
+  assert hidden.branch_layers == (0, 2)
+  mlp = vlm_config(_load("vlm_pvm_sft.py", "mlp"))
+  assert mlp.branch == "mlp" and mlp.decoder.ffn_branch.hidden_dim == mlp.iso_mlp_dim
+  none = _load("vlm_pvm_sft.py", "none")
+  assert none.vlm.branch.kind == "none" and none.vlm.stage.trainable == "lm"
+  assert vlm_config(none).decoder.ffn_branch is None
+  grpo = _load("vlm_pvm_grpo.py")
+  assert (grpo.vlm.stage.name, grpo.vlm.grpo.group_size, grpo.vlm.grpo.lr) == ("grpo", 8, 1e-6)
+  base = _load("vlm_base.py", "smoke")
+  assert base.vlm.stage.curriculum == "2:1,1:0" and base.vlm.eval.max_new_tokens == 8
+  assert _load("vlm_base.py").vlm.stage.curriculum == "1800:2,2000:0"
+  with pytest.raises(ValueError, match="unknown config arg 'x'"):
+    _load("vlm_base.py", "x")
+
+
+def test_vlm_conversion_errors_name_the_key(tmp_path):
+  config = _load("vlm_pvm_sft.py", "smoke")
+  config.vlm.branch.kind = "moe"
+  with pytest.raises(ValueError, match="vlm.branch.kind='moe'"):
+    vlm_config(config)
+  config = _load("vlm_pvm_sft.py", "peak,smoke")
+  with pytest.raises(ValueError, match="visual_mass_from"):
+    vlm_config(config)
+  # peak: the layer with the largest measured visual attention mass.
+  (tmp_path / "attention_decay.json").write_text(json.dumps(
+      {"layers": {"0": {"mass": [0.1, 0.1]}, "1": {"mass": [0.3, 0.2]}}}))
+  config.vlm.branch.visual_mass_from = str(tmp_path)
+  assert vlm_config(config).branch_layers == (1,)

@@ -173,3 +173,15 @@ def test_eval_batches_padded_and_fixed():
     assert not batches[-1]["segment_ids"][-pad:].any()
   again = eval_batches(corpus, seq_len=16, batch_size=4, max_batches=1000)
   np.testing.assert_array_equal(batches[0]["inputs"], again[0]["inputs"])
+
+
+def test_corpus_spec_from_an_experiment_config(tmp_path):
+  import ml_collections
+
+  from experiments.data import corpus_spec
+  data = dict(path="", val_fraction=0.2, max_files=3)
+  config = ml_collections.ConfigDict({"data": data})
+  assert corpus_spec(config) == CorpusSpec(source="stdlib", val_fraction=0.2, max_files=3)
+  config.data.path = str(tmp_path)
+  assert corpus_spec(config) == CorpusSpec(source="folder", path=str(tmp_path),
+                                           val_fraction=0.2, max_files=3)

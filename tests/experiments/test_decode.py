@@ -12,7 +12,7 @@ from lngram_jax.config import LngramConfig
 LNGRAM = LngramConfig(d_model=32, routes=4, bits=2, orders=(2, 3), mem_dim=8, q_heads=4,
                       kv_heads=2, head_dim=8, surrogate="exact")
 CONFIG = LMConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
-                  max_len=32, lngram_layers=(0, 1), lngram=LNGRAM)
+                  max_len=32, memory_layers=(0, 1), memory=LNGRAM)
 T_PROMPT, N_NEW = 8, 5
 
 
@@ -164,3 +164,29 @@ def test_generate_rejects_bad_arguments(model):
     generate(model, tokens, max_new_tokens=2, rng=jax.random.key(0), top_k=0)
   with pytest.raises(ValueError, match="temperature=0"):
     generate(model, tokens, max_new_tokens=2, rng=jax.random.key(0), temperature=0.0)
+
+
+def test_generate_returns_logp_of_the_drawn_tokens(model):
+  """logp[i] = log_softmax(logits at the step that drew token i)[token i], both paths."""
+  tokens = jax.random.randint(jax.random.key(8), (2, T_PROMPT), 0, 256, dtype=jnp.int32)
+  lengths = jnp.array([6, 8])
+  kwargs = dict(prompt_lengths=lengths, max_new_tokens=N_NEW, rng=jax.random.key(9),
+                temperature=2.0, return_logp=True)
+  got, logp = generate(model, tokens, **kwargs)
+  got2, logp2 = generate(model, tokens, use_cache=False, **kwargs)
+  np.testing.assert_array_equal(got, got2)
+  np.testing.assert_allclose(logp, logp2, rtol=1e-5, atol=1e-5)
+  seq, seg, valid = _continued(tokens, lengths, jnp.zeros_like(tokens), got)
+  ref = jax.nn.log_softmax(_forward(model, seq, seg, valid), axis=-1)
+  for b in range(2):
+    L = int(lengths[b])
+    want = [float(ref[b, L - 1 + i, int(got[b, i])]) for i in range(N_NEW)]
+    np.testing.assert_allclose(logp[b], want, rtol=1e-5, atol=1e-5)
+  assert logp.dtype == jnp.float32 and bool((logp < 0).all())
+
+
+def test_completion_mask_stops_after_the_first_eos():
+  from experiments.models import completion_mask
+  tokens = jnp.array([[5, 0, 7, 0], [1, 2, 3, 4], [0, 9, 9, 9]])
+  np.testing.assert_array_equal(completion_mask(tokens, eos=0),
+                                [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])

@@ -31,6 +31,7 @@ def _kernel_for_this_python(tmp_path, monkeypatch) -> str:
   return name
 
 
+@pytest.mark.slow   # starts a Jupyter kernel
 def test_restore_notebook_runs(smoke_run, tmp_path, monkeypatch):
   workdir, _ = smoke_run
   monkeypatch.setenv("LNGRAM_WORKDIR", str(workdir))
@@ -42,6 +43,9 @@ def test_restore_notebook_runs(smoke_run, tmp_path, monkeypatch):
   (hidden / "__init__.py").write_text("raise ImportError('grain is hidden in this test')\n")
   monkeypatch.setenv("PYTHONPATH", f"{hidden.parent}{os.pathsep}{ROOT}")
   import jax
+  from flax import nnx
+
+  from experiments.checkpoint import restore
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir or "")
   nb = nbformat.read(NOTEBOOK, as_version=4)
   client = nbclient.NotebookClient(
@@ -50,6 +54,9 @@ def test_restore_notebook_runs(smoke_run, tmp_path, monkeypatch):
   client.execute()
   outputs = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                     for out in cell.get("outputs", []))
-  assert "total parameters:" in outputs
-  assert "effective codes per route" in outputs
-  assert "--- 'def '" in outputs
+  model, _ = restore(workdir)
+  total = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert f"total parameters: {total:,}" in outputs
+  assert "Lngram layers (1,)" in outputs
+  assert outputs.count("effective codes per route") == 1   # the smoke run's one Lngram layer
+  assert "--- 'def '" in outputs and "--- 'class '" in outputs

@@ -65,12 +65,12 @@ def test_probe_rows_put_each_name_right_after_its_emit_position():
 
 def test_probe_matches_a_direct_forward():
   model = VLM(config(), rngs=nnx.Rngs(0))
-  model.branches["1"].gate[...] = jnp.asarray(0.5)
+  model.branch(1).gate[...] = jnp.asarray(0.5)
   data, scenes = fake_data()
   got = grounding_probe(model, data, n=3, batch=2)
   tokens, valid, items = _rows(scenes)
   logits, aux = model(jnp.asarray(data.images), jnp.asarray(tokens), valid=jnp.asarray(valid),
-                      return_aux=True)
+                      probe=True)
   Nv = 4
   first, whole, cell1, vis0, pvm1 = [], [], [], [], []
   for r, emit, name, cell in items:
@@ -78,12 +78,17 @@ def test_probe_matches_a_direct_forward():
     pred = np.asarray(logits[r, q:q + len(name)]).argmax(-1).tolist()
     first.append(pred[0] == name[0])
     whole.append(pred == name)
-    cell1.append(float(aux["attn_probs"][1][r, :, q, cell].mean()))
-    vis0.append(float(aux["attn_probs"][0][r, :, q, :Nv].sum(-1).mean()))
-    pvm1.append(float(aux["pvm_probs"][1][r, q, :, cell].mean()))
+    cell1.append(float(aux["attn/1/probs"][r, :, q, cell].mean()))
+    vis0.append(float(aux["attn/0/probs"][r, :, q, :Nv].sum(-1).mean()))
+    pvm1.append(float(aux["ffn_branch/1/probs"][r, q, :, cell].mean()))
   assert got["n_items"] == len(items)
   assert got["first_byte_acc"] == np.mean(first) and got["name_acc"] == np.mean(whole)
   np.testing.assert_allclose(got["cell_attn"][1], np.mean(cell1), rtol=1e-5)
   np.testing.assert_allclose(got["visual_attn"][0], np.mean(vis0), rtol=1e-5)
   np.testing.assert_allclose(got["pvm_cell_attn"]["1"], np.mean(pvm1), rtol=1e-5)
   assert all(c <= v + 1e-6 for c, v in zip(got["cell_attn"], got["visual_attn"], strict=True))
+  assert set(got["pvm_cell_attn"]) == {"1"}
+  # The probes are probabilities: every query's backbone and PVM rows sum to 1.
+  np.testing.assert_allclose(np.asarray(aux["attn/0/probs"]).sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(aux["ffn_branch/1/probs"]).sum(-1), 1.0, atol=1e-5)
+  assert sorted(k for k in aux if k.startswith("block/")) == ["block/0/hidden", "block/1/hidden"]

@@ -1,21 +1,30 @@
-"""Stage I leaves everything but the branch bit-for-bit unchanged; GRPO advantage and loss by hand."""
+"""VLM stages in the one loop: Stage I leaves everything but the branch bit-for-bit unchanged;
+the scene sampler keeps the old draws and resumes; GRPO advantage and loss, cell loss by hand."""
+
+import json
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 
+from experiments.checkpoint import restore, run_checkpointer
 from experiments.models.config import LMConfig
+from experiments.train import Task, saved_config, train
 from experiments.vlm.config import VLMConfig
+from experiments.vlm.data import SceneSampler
 from experiments.vlm.grpo import group_advantages, grpo_objective
 from experiments.vlm.model import VLM
-from experiments.vlm.train import fit, flat_params, load_params, save_params
+from experiments.vlm.train import flat_params, load_params, trainable_mask, vlm_loss
 from pvm_jax.config import PVMConfig
 
 LM = LMConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,
               max_len=32)
 PVM_CFG = PVMConfig(d_model=32, latent_dim=32, head_dim=16, backbone_gqa_ratio=2,
                     backbone_ffn_dim=64)
+VLM_KW = dict(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1, vit_heads=2,
+              vit_ffn=32)
 
 
 class RandomData:
@@ -37,22 +46,101 @@ class RandomData:
             "valid": np.ones((len(idx), self.T), bool), "loss_mask": loss_mask}
 
 
-def test_stage1_trains_only_the_branch_bit_for_bit():
-  config = VLMConfig(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1,
-                     vit_heads=2, vit_ffn=32, branch="pvm", branch_layers=(1,), pvm=PVM_CFG)
-  model = VLM(config, rngs=nnx.Rngs(0))
+def _run_config(steps):
+  c = ml_collections.ConfigDict()
+  c.optim = dict(lr=1e-2, table_lr_mult=4.0, weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8,
+                 warmup_steps=0, warmup_frac=0.1, min_lr_ratio=0.1, clip_norm=1.0)
+  c.train = dict(steps=steps, seed=0, log_every=1, eval_every=100, ckpt_every=100,
+                 max_to_keep=2, async_checkpoint=False, progress=False)
+  return c
+
+
+def _vlm_task(config, model, trainable, phases=(3,)):
+  return Task(kind="vlm", module=model, saved_config=saved_config("vlm", config, model.config),
+              batches=SceneSampler([RandomData()] * len(phases), list(phases), batch_size=4,
+                                   seed=0),
+              loss=vlm_loss, optim=config.optim, phases=phases,
+              trainable=trainable_mask(trainable))
+
+
+def test_stage1_in_the_loop_trains_only_the_branch_bit_for_bit(tmp_path):
+  model = VLM(VLMConfig(**VLM_KW, branch="pvm", branch_layers=(1,), pvm=PVM_CFG),
+              rngs=nnx.Rngs(0))
   before = {k: np.asarray(v).copy() for k, v in flat_params(nnx.state(model, nnx.Param)).items()}
-  losses = fit(model, RandomData(), trainable="branch", steps=3, batch_size=4, lr=1e-2,
-               weight_decay=0.1, log=None)
-  after = {k: np.asarray(v) for k, v in flat_params(nnx.state(model, nnx.Param)).items()}
-  assert np.isfinite(losses).all()
-  changed = {k for k in before if not np.array_equal(before[k], after[k])}
-  frozen = [k for k in before if not k.startswith("branches/")]
-  assert frozen and not changed & set(frozen), sorted(changed & set(frozen))
+  config = _run_config(3)
+  result = train(config, tmp_path, task=_vlm_task(config, model, "branch"))
+  assert result["step"] == 3
+  trained, _ = restore(tmp_path)
+  after = {k: np.asarray(v) for k, v in flat_params(nnx.state(trained, nnx.Param)).items()}
+  assert set(after) == set(before)
+  frozen = [k for k in before if "/ffn_branch/" not in k]
+  assert frozen and any(k.startswith("encoder/") for k in frozen)
   for k in frozen:   # bit-for-bit, not just allclose
     assert before[k].tobytes() == after[k].tobytes(), k
+  changed = {k for k in before if not np.array_equal(before[k], after[k])}
   # The branch did train: λ moved at step 0, the rest once λ was nonzero.
-  assert "branches/1/gate" in changed and "branches/1/w_q" in changed
+  assert {"lm/blocks/1/ffn_branch/gate", "lm/blocks/1/ffn_branch/w_q"} <= changed
+  rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [1, 2, 3] and all(np.isfinite(r["train/loss"])
+                                                         for r in rows)
+
+
+def test_trainable_masks_by_path():
+  paths = ["encoder/patch/kernel", "projector/pos", "lm/embed/table",
+           "lm/blocks/1/ffn_branch/gate", "lm/blocks/1/mlp/w_up"]
+  chosen = {name: [p for p in paths if (trainable_mask(name) or (lambda _: True))(p)]
+            for name in ("all", "branch", "lm", "lm+branch")}
+  assert chosen == {"all": paths, "branch": ["lm/blocks/1/ffn_branch/gate"],
+                    "lm": ["lm/embed/table", "lm/blocks/1/mlp/w_up"],
+                    "lm+branch": paths[2:]}
+  wrapped = trainable_mask("branch", prefix="model/")
+  assert wrapped("model/lm/blocks/1/ffn_branch/gate") and not wrapped("w_head")
+  with pytest.raises(ValueError, match="trainable='nope'"):
+    trainable_mask("nope")
+
+
+def test_scene_sampler_keeps_the_old_draws_and_resumes_through_json():
+  data = RandomData(n=3)   # fewer scenes than the batch: drawn with replacement
+  sampler = SceneSampler([data, RandomData(n=8)], [2, 3], batch_size=4, seed=7)
+  rng = np.random.default_rng(7)
+  want = [rng.choice(3, 4, replace=True) for _ in range(2)]
+  rng = np.random.default_rng(7)   # every phase restarts the draw at the seed
+  want += [rng.choice(8, 4, replace=False) for _ in range(3)]
+  got, state = [], None
+  for i in range(5):
+    if i == 3:
+      state = json.loads(json.dumps(sampler.get_state()))
+    got.append(next(sampler)["tokens"])
+  for idx, (g, w) in enumerate(zip(got, want, strict=True)):
+    src = data if idx < 2 else sampler.data(1)
+    np.testing.assert_array_equal(g, src.tokens[w], err_msg=f"draw {idx}")
+  resumed = SceneSampler([data, RandomData(n=8)], [2, 3], batch_size=4, seed=7)
+  resumed.set_state(state)
+  np.testing.assert_array_equal(next(resumed)["tokens"], got[3])
+  np.testing.assert_array_equal(next(resumed)["tokens"], got[4])
+  other = SceneSampler([data, data], [2, 3], batch_size=2, seed=7)
+  with pytest.raises(ValueError, match="other settings"):
+    other.set_state(state)
+
+
+def test_load_params_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_path):
+  base = VLM(VLMConfig(**VLM_KW, visual_pos=True), rngs=nnx.Rngs(0))
+  with run_checkpointer(tmp_path / "base", async_save=False) as ckpt:
+    ckpt.save(1, params=nnx.to_pure_dict(nnx.state(base, nnx.Param)),
+              config=saved_config("vlm", _run_config(1), base.config))
+  sft = VLM(VLMConfig(**VLM_KW, visual_pos=True, branch="pvm", branch_layers=(1,), pvm=PVM_CFG),
+            rngs=nnx.Rngs(1))
+  init = {k: np.asarray(v).copy() for k, v in flat_params(nnx.state(sft, nnx.Param)).items()}
+  missing = load_params(sft, tmp_path / "base")
+  assert missing and all("/ffn_branch/" in k for k in missing)
+  loaded = flat_params(nnx.state(sft, nnx.Param))
+  for k, v in flat_params(nnx.state(base, nnx.Param)).items():
+    np.testing.assert_array_equal(loaded[k], v, err_msg=k)
+  for k in missing:
+    np.testing.assert_array_equal(loaded[k], init[k], err_msg=k)
+  mismatched = VLM(VLMConfig(**VLM_KW, visual_pos=False), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"projector/pos.*lacks"):
+    load_params(mismatched, tmp_path / "base")
 
 
 def test_group_advantages_by_hand():
@@ -115,41 +203,55 @@ def test_cell_labels_and_cell_class_loss_by_hand():
   np.testing.assert_allclose(float(got_b), (5 * right + 3 * wrong) / 8, rtol=1e-6)
 
 
-def test_stage0_cell_loss_is_caption_plus_weighted_cell_loss_and_head_is_not_saved():
-  from experiments.vlm.cell_loss import CellPretrainer
+def test_stage0_cell_loss_is_caption_plus_weighted_cell_loss():
+  from experiments.vlm.cell_loss import CellPretrainer, cell_class_loss
+  from experiments.vlm.train import cell_pretrainer_loss, lm_loss
 
-  config = VLMConfig(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1,
-                     vit_heads=2, vit_ffn=32)
   data = RandomData()
   labels = np.random.default_rng(1).integers(0, 4, (len(data), 4)).astype(np.int32)
-  base_batch = data.batch
-  data.batch = lambda idx: {**base_batch(idx), "cell_labels": labels[idx]}
-  model = VLM(config, rngs=nnx.Rngs(0))
-  keys = set(flat_params(nnx.state(model, nnx.Param)))
   batch = {k: jnp.asarray(v) for k, v in data.batch(np.arange(4)).items()}
+  batch["cell_labels"] = jnp.asarray(labels[:4])
+  model = VLM(VLMConfig(**VLM_KW), rngs=nnx.Rngs(0))
   trainer = CellPretrainer(model, 3, 0.5, rngs=nnx.Rngs(1))
-  from experiments.vlm.cell_loss import cell_class_loss
-  from experiments.vlm.train import lm_loss
   want = float(lm_loss(model, batch)) + 0.5 * float(cell_class_loss(
       model.encoder(batch["images"]), trainer.w_head[...], trainer.b_head[...],
       batch["cell_labels"]))
-  np.testing.assert_allclose(float(trainer.loss(batch, lm_loss)), want, rtol=1e-6)
-  losses = fit(model, data, trainable="all", steps=3, batch_size=4, lr=1e-2, log=None,
-               cell_loss_weight=0.5, n_classes=3)
-  assert np.isfinite(losses).all()
-  assert set(flat_params(nnx.state(model, nnx.Param))) == keys   # no head in the VLM
+  loss, _ = cell_pretrainer_loss(trainer, batch)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-6)
+  # The head sits beside the VLM: the VLM's own parameter tree has none of it.
+  head = set(flat_params(nnx.state(trainer, nnx.Param))) - {
+      f"model/{k}" for k in flat_params(nnx.state(model, nnx.Param))}
+  assert head == {"w_head", "b_head"}
 
 
-def test_load_params_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_path):
-  kw = dict(lm=LM, image_hw=(16, 16), patch_size=8, vit_dim=16, vit_layers=1, vit_heads=2,
-            vit_ffn=32)
-  base = VLM(VLMConfig(**kw, visual_pos=True), rngs=nnx.Rngs(0))
-  save_params(base, tmp_path / "base" / "params.npz")
-  sft = VLM(VLMConfig(**kw, visual_pos=True, branch="pvm", branch_layers=(1,), pvm=PVM_CFG),
-            rngs=nnx.Rngs(1))
-  missing = load_params(sft, tmp_path / "base" / "params.npz")
-  assert missing and all(k.startswith("branches/1/") for k in missing)
-  np.testing.assert_array_equal(sft.projector.pos[...], base.projector.pos[...])
-  mismatched = VLM(VLMConfig(**kw, visual_pos=False), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"projector/pos.*lacks"):
-    load_params(mismatched, tmp_path / "base" / "params.npz")
+@pytest.mark.slow   # compiles the cached sampler
+def test_grpo_hooks_start_at_ratio_one_and_zero_kl():
+  """At the first step the sampling policy is the trained one: the teacher-forced
+  log-probs of the sampled completions equal the sampler's (ratio 1), and against
+  a reference equal to the policy the KL term vanishes."""
+  from experiments.vlm.grpo import grpo_hooks, token_logp
+
+  model = VLM(VLMConfig(**VLM_KW, branch="pvm", branch_layers=(1,), pvm=PVM_CFG),
+              rngs=nnx.Rngs(0))
+  data = RandomData()
+  data.examples = [{"answer": i % 3} for i in range(len(data))]
+  idx = np.repeat(np.array([1, 5]), 2)
+  batch = {"images": data.images[idx], "tokens": data.tokens[idx, :6],
+           "lengths": np.array([6, 6, 4, 4], np.int32), "idx": idx}
+  grpo = ml_collections.ConfigDict(dict(group_size=2, max_new_tokens=5, clip_eps=0.2,
+                                        kl_coef=0.5, temperature=1.0))
+  prepare, loss = grpo_hooks(data, grpo, seed=3, ref_model=model)
+  prepared = prepare(model, batch, step=1)
+  assert prepared["completion"].shape == (4, 5) and prepared["reward"].shape == (4,)
+  logp = token_logp(model, prepared["images"], prepared["prompt"], prepared["lengths"],
+                    prepared["completion"])
+  np.testing.assert_allclose(logp, prepared["old_logp"], atol=2e-5)
+  np.testing.assert_allclose(prepared["ref_logp"], prepared["old_logp"], atol=2e-5)
+  value, metrics = loss(model, prepared)
+  # ratio 1, KL 0: L = -mean_g A_g (each row's masked mean of a constant A_g;
+  # the mask always holds the first token).
+  np.testing.assert_allclose(float(value), -np.mean(prepared["adv"]), atol=1e-4)
+  assert float(metrics["train/reward"]) == pytest.approx(float(prepared["reward"].mean()))
+  # Step s draws with fold_in(key(seed), s - 1): the same step draws the same tokens.
+  np.testing.assert_array_equal(prepare(model, batch, step=1)["completion"],
+                                prepared["completion"])

@@ -1,5 +1,7 @@
 """Lngram v2 decode state: token-by-token decoding equals the parallel forward."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,7 +109,7 @@ def test_decode_state_tracks_history_and_is_a_pytree():
   layer = _layer(config)
   state = init_decode_state(config, 2)
   assert state.codes_BxHxR.shape == (2, config.max_order - 1, config.routes)
-  assert state.conv_BxCxD.shape == (2, config.conv_context, D)
+  assert state.conv_BxSxD.shape == (2, config.conv_context, D)
   assert not bool(state.codes_ok_BxH.any())
   h_BxTxD = _inputs(2, 3)
   _, state = _step_all(layer, h_BxTxD, state)
@@ -127,3 +129,37 @@ def test_decode_step_rejects_a_sequence():
   h_BxTxD = _inputs(1, 4)
   with pytest.raises(ValueError, match=r"\[B, 1, 16\]"):
     lngram_decode_step(layer, h_BxTxD, init_decode_state(config, 1))
+
+
+def test_decode_gradients_equal_parallel_gradients():
+  """Decode runs the same core forward: also its gradients equal the parallel
+  layer's, for every parameter and the inputs. Without a router surrogate:
+  the decode state keeps earlier positions' codes, not their logits, so the
+  surrogate's contributions to earlier positions cannot flow back in decode."""
+  config = CONFIGS["default"].replace(surrogate="none")
+  layer = _layer(config, seed=5)
+  h_BxTxD = _inputs(2, 6, seed=6)
+  w_BxTxD = jax.random.normal(jax.random.key(7), h_BxTxD.shape)
+
+  @functools.partial(nnx.jit, static_argnums=2)
+  def grads(layer, h_BxTxD, decode):
+    def loss(layer, h_BxTxD):
+      if not decode:
+        return jnp.sum(layer(h_BxTxD) * w_BxTxD)
+      state, ys = init_decode_state(config, 2), []
+      for t in range(h_BxTxD.shape[1]):
+        y_Bx1xD, state = lngram_decode_step(layer, h_BxTxD[:, t:t + 1], state)
+        ys.append(y_Bx1xD)
+      return jnp.sum(jnp.concatenate(ys, axis=1) * w_BxTxD)
+    return nnx.grad(loss, argnums=(0, 1))(layer, h_BxTxD)
+
+  (g_par, gh_par), (g_dec, gh_dec) = grads(layer, h_BxTxD, False), grads(layer, h_BxTxD, True)
+  np.testing.assert_allclose(gh_dec, gh_par, rtol=1e-5, atol=1e-6)
+  flat_par, flat_dec = nnx.to_flat_state(g_par), nnx.to_flat_state(g_dec)
+  assert [p for p, _ in flat_par] == [p for p, _ in flat_dec]
+  for (path, g), (_, g_ref) in zip(flat_dec, flat_par, strict=True):
+    if path[0] != "router_w":  # no surrogate: the router gets no gradient at all
+      assert float(jnp.max(jnp.abs(g_ref[...]))) > 0, path
+    scale = float(jnp.max(jnp.abs(g_ref[...])))
+    np.testing.assert_allclose(g[...], g_ref[...], rtol=1e-5, atol=1e-5 * scale,
+                               err_msg=str(path))

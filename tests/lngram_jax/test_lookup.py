@@ -395,7 +395,7 @@ class BadInputTest(chex.TestCase):
     self._raises(ValueError, r"logits must have rank 4 \(\[B, T, R, M\]\)", table, z[0])
     self._raises(ValueError, "logits last dim M=3 must equal bits=2", table,
                  jnp.zeros((1, 3, 2, 3), jnp.float32))
-    self._raises(ValueError, r"table has 31 rows; order=2, R=2, bits=2 need R\*K\^n = 32",
+    self._raises(ValueError, r"table has 31 rows; order=2, R=2, bits=2 need R\*C\^n = 32",
                  table[:31], z)
     self._raises(ValueError, r"table must have rank 2 \(\[V, Dm\]\)", table[None], z)
     self._raises(ValueError, "surrogate='straight' is not one of", table, z,

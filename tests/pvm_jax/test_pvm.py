@@ -179,6 +179,23 @@ def test_param_count_matches_module_and_paper():
   assert round(3 * n8b / 1e6, 2) == 27.92
 
 
+def test_qwen3_vl_4b_widths_truncate_the_latent_ffn_as_the_authors():
+  """d 2560, FFN 9728, 32 query / 8 KV heads (GQA 4), d' 512, dh 128.
+
+  int(512·(9728/2560)) = int(1945.6) = 1945 (rounding would give 1946 and
+  1,536 extra parameters), and one branch then holds exactly 7,576,321.
+  """
+  qwen4b = PVMConfig(d_model=2560, latent_dim=512, head_dim=128, backbone_ffn_dim=9728,
+                     backbone_gqa_ratio=4)
+  assert (qwen4b.q_heads, qwen4b.kv_heads, qwen4b.ffn_dim) == (4, 1, 1945)
+  counts = param_count(qwen4b)
+  assert counts["total"] == 7_576_321
+  assert counts["latent_ffn"] == 512 + 3 * 512 * 1945
+  abstract = nnx.eval_shape(lambda: PVM(qwen4b, rngs=nnx.Rngs(0)))
+  n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+  assert n == 7_576_321
+
+
 @pytest.mark.parametrize(("changes", "pattern"), [
     (dict(d_model=0), "d_model=0"),
     (dict(latent_dim=30), "latent_dim=30 must be a multiple of head_dim=8"),

@@ -4,14 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lngram_jax.sharding import make_mesh
-from lngram_jax.sharding.multihost import (
-    CHECK_CONFIG,
-    check_inputs,
-    check_layer,
-    flatten,
-    loss_and_grads,
+from experiments.bench.multihost import (
+  CHECK_CONFIG,
+  check_inputs,
+  check_layer,
+  flatten,
+  loss_and_grads,
 )
+from lngram_jax.sharding import make_mesh
 
 # R = 8 routes split over up to 8 table shards; K = 4 keeps tables at 128/512 rows;
 # T = 20 so that T/2 = 10 >= the conv halo of 9 and seq=2 is allowed. The same

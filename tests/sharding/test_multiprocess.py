@@ -10,9 +10,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from sharding_cases import assert_close
 
-from lngram_jax.sharding.multihost import reference_step
+from experiments.bench.multihost import reference_step
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -37,12 +38,13 @@ def _child_env() -> dict[str, str]:
   return env
 
 
+@pytest.mark.slow  # two subprocesses, each importing jax and compiling the layer
 def test_two_processes_equal_one(tmp_path):
   out = tmp_path / "sharded.npz"
   address = f"127.0.0.1:{_free_port()}"
   procs = []
   for process_id in range(2):
-    cmd = [sys.executable, "-m", "lngram_jax.sharding.multihost", "--coordinator", address,
+    cmd = [sys.executable, "-m", "experiments.bench.multihost", "--coordinator", address,
            "--num-processes", "2", "--process-id", str(process_id), "--mode", "route_parallel",
            "--data", "1", "--seq", "2", "--timeout", "120", "--out", str(out)]
     log = open(tmp_path / f"process{process_id}.log", "w")  # closed in `finally`

@@ -1,4 +1,4 @@
-"""Parameters born sharded; orbax save on 8 devices, restore on 4 and on 1."""
+"""Parameters born sharded; orbax save on 8 devices, restore on 4 and on 1, digests per shard."""
 
 import jax
 import numpy as np
@@ -70,3 +70,21 @@ def test_relative_paths_are_made_absolute(tmp_path, monkeypatch):
   assert path == str(tmp_path / "relative_ckpt")
   jax.tree.map(np.testing.assert_array_equal, _params(restore_layer("relative_ckpt")),
                _params(layer))
+
+
+def test_a_flipped_byte_in_a_shard_is_caught_on_another_mesh(saved, tmp_path):
+  import shutil
+
+  from lngram_jax.checkpoint import CorruptCheckpointError
+
+  _, path = saved
+  copy = tmp_path / "layer"
+  shutil.copytree(path, copy)
+  target = max((p for p in (copy / "0" / "params").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+  data = bytearray(target.read_bytes())
+  data[len(data) // 2] ^= 0x08
+  target.write_bytes(bytes(data))
+  with pytest.raises(CorruptCheckpointError, match="digest"):
+    restore_layer(copy, mesh=mesh(table=4, devices=jax.devices()[:4]),
+                  sharding=ShardingConfig(mode="generic"))

@@ -3,8 +3,8 @@ and the forward bytes of both forms against their closed forms."""
 
 from sharding_cases import CONFIG
 
+from experiments.bench.sharding import collective_bytes, hlo_bytes
 from lngram_jax.sharding import ShardingConfig, make_mesh
-from lngram_jax.sharding.bench import collective_bytes, hlo_bytes
 
 HLO = """
   %all-reduce.1 = (f32[2,8,4]{2,1,0}, bf16[3]{0}) all-reduce(%a, %b), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add

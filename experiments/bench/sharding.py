@@ -1,7 +1,7 @@
 """Sharding benchmark: bytes the collectives move per token, and step-time ratios.
 
-    python -m lngram_jax.sharding.bench                 # both tables
-    python -m lngram_jax.sharding.bench --no-timing     # bytes only (compiles, runs nothing)
+    python -m experiments.bench.sharding                 # both tables
+    python -m experiments.bench.sharding --no-timing     # bytes only (compiles, runs nothing)
 
 Bytes are read from the compiled HLO, not estimated: the layer (generic and
 route-parallel forms, r64/m4/KV8, d_m 128 so D = 256, Hq 16, d 2048) is

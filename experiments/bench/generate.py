@@ -1,7 +1,7 @@
 """generate() throughput with and without the decode cache.
 
-    python -m experiments.bench_generate            # the small CPU model below
-    python -m experiments.bench_generate --new-tokens 128 --batch 8
+    python -m experiments.bench.generate            # the small CPU model below
+    python -m experiments.bench.generate --new-tokens 128 --batch 8
 
 A small byte-level LM with Lngram v2 layers (randomly initialised, with the
 zero-init W_O and conv made nonzero so the branch does real work). Both paths
@@ -29,7 +29,7 @@ def bench_config() -> LMConfig:
   lngram = LngramConfig(d_model=128, routes=16, bits=4, orders=(2, 3), mem_dim=32,
                         q_heads=4, kv_heads=2, head_dim=32)
   return LMConfig(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
-                  ffn_dim=384, max_len=512, lngram_layers=(1, 3), lngram=lngram)
+                  ffn_dim=384, max_len=512, memory_layers=(1, 3), memory=lngram)
 
 
 def build_model(config: LMConfig, seed: int = 0) -> DecoderLM:
@@ -67,7 +67,7 @@ def main(argv=None):
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({os.cpu_count()} cores),"
         f" model {params / 1e6:.2f}M params, d={config.d_model}, layers={config.n_layers},"
-        f" lngram at {config.lngram_layers}")
+        f" lngram at {config.memory_layers}")
   print(f"batch {args.batch}, prompt {args.prompt_len}, new tokens {args.new_tokens},"
         f" best of {args.repeats}")
   print("| path | compile + first call s | s per call | new tokens/s | ms per step |")

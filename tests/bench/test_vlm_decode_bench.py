@@ -1,4 +1,4 @@
-"""experiments.vlm.bench_decode: the wide shape's config, the base/PVM pair and a tiny run."""
+"""experiments.bench.vlm_decode: the wide shape's config, the base/PVM pair and a tiny run."""
 
 import json
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.vlm import bench_decode
+from experiments.bench import vlm_decode as bench_decode
 from pvm_jax.module import param_count
 
 # The wide code path at tiny numbers (float32 so that equalities are exact). The
@@ -53,16 +53,16 @@ def _forward(model, images, tokens):
 def test_base_and_pvm_share_the_backbone():
   cfg = bench_decode.wide_config(**TINY_WIDE)
   base, pvm = bench_decode.build_models(cfg)
-  assert sorted(pvm.branches.keys()) == ["0", "2"] and len(base.branches) == 0
-  assert base.config.branch == "none"
-  for part in ("encoder", "projector", "lm"):
-    got = nnx.to_flat_state(nnx.state(getattr(base, part), nnx.Param))
-    want = nnx.to_flat_state(nnx.state(getattr(pvm, part), nnx.Param))
-    assert [k for k, _ in got] == [k for k, _ in want]
-    for (path, g), (_, w) in zip(got, want, strict=True):
-      np.testing.assert_array_equal(g[...], w[...], err_msg=str((part, path)))
+  assert [i for i in range(3) if pvm.branch(i) is not None] == [0, 2]
+  assert all(base.branch(i) is None for i in range(3)) and base.config.branch == "none"
+  got = dict(nnx.to_flat_state(nnx.state(base, nnx.Param)))
+  want = dict(nnx.to_flat_state(nnx.state(pvm, nnx.Param)))
+  # The PVM model = the base model's parameters + the branches at lm/blocks/<i>/ffn_branch.
+  assert sorted(set(want) - set(got)) == sorted(p for p in want if "ffn_branch" in p)
+  for path, g in got.items():
+    np.testing.assert_array_equal(g.get_value(), want[path].get_value(), err_msg=str(path))
   for layer in cfg.branch_layers:
-    assert float(pvm.branches[str(layer)].gate[...]) == bench_decode.GATE
+    assert float(pvm.branch(layer).gate[...]) == bench_decode.GATE
 
   rng = np.random.default_rng(0)
   images = jnp.asarray(rng.integers(0, 256, (2, 16, 16, 3)), jnp.uint8)
@@ -73,7 +73,7 @@ def test_base_and_pvm_share_the_backbone():
   np.testing.assert_allclose(logits_pvm[:, :Nv], logits_base[:, :Nv], rtol=1e-6, atol=1e-6)
   assert float(jnp.max(jnp.abs(logits_pvm[:, Nv:] - logits_base[:, Nv:]))) > 1e-3
   for layer in cfg.branch_layers:  # gate 0: exactly the base model
-    pvm.branches[str(layer)].gate[...] = jnp.zeros((), jnp.float32)
+    pvm.branch(layer).gate[...] = jnp.zeros((), jnp.float32)
   np.testing.assert_allclose(pvm(images, tokens), logits_base, rtol=1e-6, atol=1e-6)
 
 
@@ -95,6 +95,7 @@ def test_summarize_by_hand():
   assert "UNRESOLVED" in bench_decode.report(s, counts, batch=2, new_tokens=4)
 
 
+@pytest.mark.slow
 def test_main_wide_at_tiny_numbers(tmp_path, capsys):
   sets = [f"--set={k}={'.'.join(map(str, v)) if isinstance(v, tuple) else v}"
           for k, v in TINY_WIDE.items()]
@@ -113,10 +114,14 @@ def test_main_wide_at_tiny_numbers(tmp_path, capsys):
   lm = cfg.lm
   d, hq, hkv, dh, f = lm.d_model, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.ffn_dim
   assert counts["decoder_layer"] == 2 * d + d * hq * dh + d * 2 * hkv * dh + hq * dh * d + 3 * d * f
+  assert counts["branches"] == 2
+  assert counts["lm"] == 256 * d + d + 3 * counts["decoder_layer"]   # tied embedding, final norm
   for name in ("base", "pvm"):
     assert [len(v) for v in saved["times_s"][name].values()] == [2, 2]
     s = saved["summary"][name]["best"]
-    assert 0 < s["prefill_ms"] and 0 < s["call_ms"]
+    t = saved["times_s"][name]
+    assert s["prefill_ms"] == pytest.approx(1e3 * min(t["prefill"]), rel=1e-9)
+    assert s["call_ms"] == pytest.approx(1e3 * min(t["generate"]), rel=1e-9)
     assert s["decode_ms_per_token"] == pytest.approx(
         (s["call_ms"] - s["prefill_ms"]) / 3, rel=1e-9)
   overhead = saved["summary"]["decode_overhead_best"]

@@ -1,4 +1,4 @@
-"""A dense decoder layer of the same width: the yardstick of `lngram_jax.bench`.
+"""A dense decoder layer of the same width: the yardstick of `experiments.bench.layer`.
 
     u = x + Attn(RMSNorm(x)),   y = u + SwiGLU(RMSNorm(u))
 

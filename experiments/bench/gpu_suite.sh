@@ -2,8 +2,8 @@
 # One short check run on a GPU machine: environment, Pallas/Triton kernels against
 # their references on the real GPU, then the kernel, layer and PVM-decode benchmarks.
 #
-#   OUT=<dir> bash experiments/gpu_suite.sh      # from the repository root, on the GPU
-#   PY=.venv/bin/python SKIP_WHEELS=1 SMOKE=1 OUT=/tmp/gpu_dry bash experiments/gpu_suite.sh
+#   OUT=<dir> bash experiments/bench/gpu_suite.sh      # from the repository root, on the GPU
+#   PY=.venv/bin/python SKIP_WHEELS=1 SMOKE=1 OUT=/tmp/gpu_dry bash experiments/bench/gpu_suite.sh
 #
 # The second line is the CPU dry run: SMOKE=1 swaps every benchmark for its tiny
 # variant (the pytest steps are the same; their GPU tests skip on a CPU).
@@ -142,36 +142,38 @@ rm -f "$ENV_PY"
 
 # --- 2. kernels against their references on the real GPU (~30 s + ~40 s) -------------------
 # GPU-marked tests: the Triton readout and the fused readout vs XLA, values and gradients.
-step pytest-gpu 45 "$PY" -m pytest -v -x -m gpu --tb=short -p no:cacheprovider tests/kernels
+step pytest-gpu 45 "$PY" -m pytest -v -x -m gpu --tb=short -p no:cacheprovider tests/kernels \
+  tests/lngram_jax/test_fused.py tests/lngram_jax/test_pallas_layer.py
 # Layer first: on a GPU its "pallas"/"pallas_fused" readouts run the real Triton kernels
 # (interpret mode only on CPU) against "absorbed", values and every gradient. Then the
 # interpret-mode Triton cases; the lowering checks are host-independent and the Mosaic (TPU)
 # cases irrelevant here (CPU CI runs both).
 step pytest-kernels 50 "$PY" -m pytest -v -m "not gpu" -k "not bench and not lower and not mosaic" \
-  --tb=short -p no:cacheprovider --durations=10 tests/kernels/test_sink_readout_layer.py \
-  tests/kernels/test_sink_readout_fused.py tests/kernels/test_sink_readout_kernel.py
+  --tb=short -p no:cacheprovider --durations=10 tests/lngram_jax/test_pallas_layer.py \
+  tests/lngram_jax/test_fused.py tests/kernels/test_sink_readout_fused.py \
+  tests/kernels/test_sink_readout_kernel.py
 
 # --- 3. kernel benchmark: layer rows, then readout r64 / r121 / r512 (~70 s) ----------------
 if [ "$SMOKE" = 1 ]; then
-  step kernels-bench 75 "$PY" -m kernels.bench --shape tiny --json "$OUT/kernels_bench.json"
+  step kernels-bench 75 "$PY" -m experiments.bench.kernels --shape tiny --json "$OUT/kernels_bench.json"
 else
-  step kernels-bench 75 "$PY" -m kernels.bench --repeats 3 --inner 5 \
+  step kernels-bench 75 "$PY" -m experiments.bench.kernels --repeats 3 --inner 5 \
     --json "$OUT/kernels_bench.json"
 fi
 
 # --- 4. Lngram layer vs dense layer at the gpu shape, three targets (~50 s) -----------------
 # Readout forms "literal"/"pallas" at this shape are in the kernels table above.
 if [ "$SMOKE" = 1 ]; then
-  step lngram-bench 60 "$PY" -m lngram_jax.bench --shape tiny --repeats 1 \
+  step lngram-bench 60 "$PY" -m experiments.bench.layer --shape tiny --repeats 1 \
     --json "$OUT/lngram_bench.json"
 else
-  step lngram-bench 55 "$PY" -m lngram_jax.bench --shape gpu --repeats 10 \
+  step lngram-bench 55 "$PY" -m experiments.bench.layer --shape gpu --repeats 10 \
     --readouts absorbed --surrogates none,onebit --json "$OUT/lngram_bench.json"
 fi
 
 # --- 5. PVM decode overhead, d 1024 x 24 layers, 3 branches (~70 s) -------------------------
 if [ "$SMOKE" = 1 ]; then
-  step decode-wide 90 "$PY" -m experiments.vlm.bench_decode --shape wide --set d_model=64 \
+  step decode-wide 90 "$PY" -m experiments.bench.vlm_decode --shape wide --set d_model=64 \
     --set n_layers=3 --set n_heads=4 --set n_kv_heads=2 --set head_dim=16 --set ffn_dim=128 \
     --set image=32 --set vit_dim=16 --set vit_layers=1 --set vit_ffn=32 --set latent_dim=32 \
     --set pvm_head_dim=16 --set branch_layers=0.2 --batch 2 --prompt 8 --new-tokens 4 \
@@ -180,11 +182,11 @@ else
   # The paper's backbone widths (Qwen3-VL-8B: d 4096, 36 layers, 32/8 heads of 128, FFN
   # 12288, three branches of latent 512 at layers 8/16/24): one branch is ~4% of a layer
   # there, as in the paper (the byte vocabulary leaves out its 0.6B-parameter head).
-  step decode-8b 130 "$PY" -m experiments.vlm.bench_decode --shape wide --set d_model=4096 \
+  step decode-8b 130 "$PY" -m experiments.bench.vlm_decode --shape wide --set d_model=4096 \
     --set n_layers=36 --set n_heads=32 --set n_kv_heads=8 --set head_dim=128 \
     --set ffn_dim=12288 --set branch_layers=7.15.23 --batch 8 --prompt 64 --new-tokens 128 \
     --repeats 5 --json "$OUT/decode_8b.json"
-  step decode-wide 85 "$PY" -m experiments.vlm.bench_decode --shape wide --batch 8 \
+  step decode-wide 85 "$PY" -m experiments.bench.vlm_decode --shape wide --batch 8 \
     --prompt 64 --new-tokens 128 --repeats 10 --json "$OUT/decode_wide.json"
 fi
 

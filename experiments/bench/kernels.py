@@ -1,11 +1,11 @@
 """Times the sink readout: XLA literal, XLA absorbed and the Pallas kernel.
 
-    python -m kernels.bench                 # every shape below + the whole layer (GPU)
-    python -m kernels.bench --shape r64     # one readout shape
-    python -m kernels.bench --shape tiny    # CPU smoke run (tiny shapes, seconds)
-    python -m kernels.bench --sweep         # also try a few Pallas block sizes
-    python -m kernels.bench --forms pallas  # a subset of literal,absorbed,pallas,pallas_fused
-    python -m kernels.bench --json out.json # also the rows as JSON (rewritten after each table)
+    python -m experiments.bench.kernels                 # every shape below + the whole layer (GPU)
+    python -m experiments.bench.kernels --shape r64     # one readout shape
+    python -m experiments.bench.kernels --shape tiny    # CPU smoke run (tiny shapes, seconds)
+    python -m experiments.bench.kernels --sweep         # also try a few Pallas block sizes
+    python -m experiments.bench.kernels --forms pallas  # a subset of literal,absorbed,pallas,pallas_fused
+    python -m experiments.bench.kernels --json out.json # also the rows as JSON (rewritten after each table)
 
 Readout rows take (q [N, Hq, dh], x̂ [N, R, D], W_K, W_V [D, Hkv, dh]) as
 [B=1, T=N] arrays in bfloat16 (dh = 128) and time forward and forward +
@@ -43,8 +43,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels.sink_readout import BlockSizes
-from kernels.sink_readout.api import pallas_readout
 from lngram_jax import LngramConfig, LngramV2, absorbed_readout, literal_readout, sink_logit
+from lngram_jax.pallas import pallas_readout
 
 
 @dataclasses.dataclass(frozen=True)

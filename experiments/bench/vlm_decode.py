@@ -1,7 +1,7 @@
 """Decode time of a VLM with and without PVM (both with the KV + visual caches).
 
-    python -m experiments.vlm.bench_decode [--new-tokens 128 --batch 8 --repeats 5 --args l3]
-    python -m experiments.vlm.bench_decode --shape wide --repeats 10 --json decode_wide.json
+    python -m experiments.bench.vlm_decode [--new-tokens 128 --batch 8 --repeats 5 --args l3]
+    python -m experiments.bench.vlm_decode --shape wide --repeats 10 --json decode_wide.json
 
 Shapes:
   tiny (default)  the vlm_pvm_sft model (d = 128, 4 layers, PVM latent 64 at
@@ -37,10 +37,9 @@ from flax import nnx
 
 from experiments.configs import load_config
 from experiments.models.config import LMConfig
-from experiments.vlm.config import VLMConfig
-from experiments.vlm.generate import generate
+from experiments.models.generate import generate
+from experiments.vlm.config import VLMConfig, vlm_config
 from experiments.vlm.model import VLM
-from experiments.vlm.run import vlm_config
 from pvm_jax.config import PVMConfig
 
 TARGET_OVERHEAD = 0.03  # at most +3% decode time per token with the visual cache
@@ -93,16 +92,17 @@ def parse_overrides(items) -> dict:
 def build_models(config: VLMConfig, gate: float = GATE):
   """(base, pvm): the PVM model with every gate at `gate`, and the same model without branches.
 
-  The same seed builds the same backbone today; it is copied anyway so the
-  comparison does not rest on the order in which parameters are drawn.
+  The same seed builds the same backbone (branches are drawn after it); it is
+  copied anyway so the comparison does not rest on the order of the draws.
   """
   pvm = VLM(config, rngs=nnx.Rngs(0))
   for layer in config.branch_layers:
-    g = pvm.branches[str(layer)].gate
+    g = pvm.branch(layer).gate
     g[...] = jnp.asarray(gate, g[...].dtype)
   base = VLM(config.replace(branch="none", branch_layers=(), pvm=None), rngs=nnx.Rngs(0))
-  for part in ("encoder", "projector", "lm"):
-    nnx.update(getattr(base, part), nnx.state(getattr(pvm, part)))
+  source = dict(nnx.to_flat_state(nnx.state(pvm, nnx.Param)))
+  for path, variable in nnx.to_flat_state(nnx.state(base, nnx.Param)):
+    variable.set_value(source[path].get_value())
   return base, pvm
 
 
@@ -111,12 +111,14 @@ def _size(module) -> int:
 
 
 def param_counts(pvm_model: VLM) -> dict:
-  """Parameters of one branch, of one decoder layer and of the backbone LM."""
+  """Parameters of one branch, of one decoder layer and of the backbone LM (no branches)."""
   c = pvm_model.config
-  branch = _size(pvm_model.branches[str(c.branch_layers[0])])
-  layer = _size(pvm_model.lm.blocks[0])
+  branch = _size(pvm_model.branch(c.branch_layers[0]))
+  block = pvm_model.lm.blocks[0]
+  layer = _size(block) - (0 if block.ffn_branch is None else _size(block.ffn_branch))
   return {"branch": branch, "decoder_layer": layer, "branch_to_layer": branch / layer,
-          "branches": len(c.branch_layers), "lm": _size(pvm_model.lm)}
+          "branches": len(c.branch_layers),
+          "lm": _size(pvm_model.lm) - branch * len(c.branch_layers)}
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "cache_len"))
@@ -136,8 +138,8 @@ def _prefill_call(model, images, prompt, lengths, n):
 
 
 def _generate_call(model, images, prompt, lengths, n):
-  tokens, _ = generate(model, images, prompt, lengths, max_new_tokens=n,
-                       rng=jax.random.key(0), greedy=True)
+  tokens = generate(model, prompt, prompt_lengths=lengths, images=images, max_new_tokens=n,
+                    rng=jax.random.key(0), greedy=True)
   return jax.block_until_ready(tokens)
 
 
@@ -209,7 +211,7 @@ def report(s: dict, counts: dict, *, batch: int, new_tokens: int) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python -m experiments.vlm.bench_decode",
+  p = argparse.ArgumentParser(prog="python -m experiments.bench.vlm_decode",
                               description=__doc__.splitlines()[0])
   p.add_argument("--shape", choices=("tiny", "wide"), default="tiny")
   p.add_argument("--new-tokens", type=int, default=128)

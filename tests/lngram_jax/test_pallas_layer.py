@@ -52,6 +52,7 @@ def _rel_err(got, want):
   return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
+@pytest.mark.slow  # the layer's forward and backward through interpret-mode kernels
 @pytest.mark.parametrize("readout", ["pallas", "pallas_fused"])
 def test_pallas_layer_matches_absorbed(readout):
   dtype, tol = jnp.float32, 2e-5

@@ -1,7 +1,7 @@
 """Benchmark: the Lngram v2 layer next to a dense decoder layer of the same width.
 
-    python -m lngram_jax.bench                        # --shape cpu on CPU, gpu otherwise
-    python -m lngram_jax.bench --shape gpu --repeats 20 --json bench_gpu.json
+    python -m experiments.bench.layer                        # --shape cpu on CPU, gpu otherwise
+    python -m experiments.bench.layer --shape gpu --repeats 20 --json bench_gpu.json
 
 Times, in one run, the layer's forward and forward+backward (gradients of a sum
 of the output with respect to every parameter and to the input) per readout
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lngram_jax.bench_dense import DenseDecoderLayer
+from experiments.bench.dense import DenseDecoderLayer
 from lngram_jax.config import READOUTS, SURROGATES, LngramConfig, sink_logit
 from lngram_jax.layer import LngramV2
 from lngram_jax.readout import absorbed_readout, literal_readout
@@ -235,7 +235,7 @@ def _csv(value: str, allowed, flag: str) -> tuple[str, ...]:
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
-      prog="python -m lngram_jax.bench", description=__doc__.split("\n\n")[0])
+      prog="python -m experiments.bench.layer", description=__doc__.split("\n\n")[0])
   parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
                       help="problem size; default cpu on a CPU backend, gpu otherwise")
   parser.add_argument("--repeats", type=int, default=5, help="timed runs per number (median)")

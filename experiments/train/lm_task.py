@@ -1,0 +1,117 @@
+"""The byte LM as a training task: packed corpus batches, cross entropy, bits per byte.
+
+Loss: mean cross entropy in nats over tokens whose target lies in the same
+document (`loss_mask`); bits per byte = nats / ln 2, since a token is a byte.
+Evaluation: validation bits per byte over fixed batches, plus the Lngram
+diagnostics of every memory layer (experiments/train/lngram_metrics.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from experiments.data import load_corpus, write_manifest
+from experiments.data.corpus import corpus_spec
+from experiments.models import DecoderLM
+from experiments.models.config import lm_config
+from experiments.train import lngram_metrics
+from experiments.train.task import Task, saved_config
+
+LN2 = math.log(2.0)
+
+
+def token_losses(logits_BxTxV, targets_BxT):
+  """Cross entropy per token in nats, float32."""
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits_BxTxV.astype(jnp.float32), targets_BxT)
+
+
+def _forward(model, batch, *, return_aux=False):
+  return model(batch["inputs"], segment_ids=batch["segment_ids"],
+               positions=batch["positions"], return_aux=return_aux)
+
+
+def lm_loss(model, batch):
+  """The loss hook: (mean nats over loss_mask, {"train/bits_per_byte"})."""
+  logits_BxTxV = _forward(model, batch)
+  mask_BxT = batch["loss_mask"].astype(jnp.float32)
+  loss_sum = (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum()
+  loss = loss_sum / jnp.maximum(mask_BxT.sum(), 1.0)
+  return loss, {"train/bits_per_byte": loss / LN2}
+
+
+def make_eval_step(graphdef, memory_config):
+  """eval(params, batch) -> sums: loss (nats), tokens, and Lngram statistics."""
+
+  @jax.jit
+  def evaluate(params, batch):
+    logits_BxTxV, aux = _forward(nnx.merge(graphdef, params), batch, return_aux=True)
+    mask_BxT = batch["loss_mask"].astype(jnp.float32)
+    sums = {"loss_sum": (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum(),
+            "tokens": mask_BxT.sum()}
+    if lngram_metrics.lngram_layers(aux):
+      # Padding rows of the last eval batch have segment id 0.
+      valid_BxT = batch["segment_ids"] > 0
+      sums["lngram"] = lngram_metrics.accumulate_stats(
+          aux, memory_config, batch["segment_ids"], valid_BxT)
+    return sums
+
+  return evaluate
+
+
+def evaluate_batches(eval_step, params, batches) -> dict[str, float]:
+  """Validation loss (nats and bits per byte) and Lngram metrics over `batches`."""
+  loss_sum = tokens = 0.0
+  lngram_stats = None
+  for batch in batches:
+    sums = jax.device_get(eval_step(params, batch))
+    loss_sum += float(sums["loss_sum"])
+    tokens += float(sums["tokens"])
+    if "lngram" in sums:
+      lngram_stats = lngram_metrics.merge_stats(lngram_stats, sums["lngram"])
+  loss = loss_sum / max(tokens, 1.0)
+  out = {"eval/loss": loss, "eval/bits_per_byte": loss / LN2, "eval/tokens": tokens}
+  if lngram_stats is not None:
+    out |= lngram_metrics.summarise(lngram_stats)
+  return out
+
+
+def evaluate_model(model, batches) -> dict[str, float]:
+  """`evaluate_batches` for a DecoderLM (one compiled eval step per model structure)."""
+  graphdef, params = nnx.split(model, nnx.Param)
+  step = make_eval_step(graphdef, model.config.memory)
+  return evaluate_batches(step, nnx.to_pure_dict(params), batches)
+
+
+def lm_task(config, workdir) -> Task:
+  """The LM run an experiment config describes (experiments/configs/lm_*.py)."""
+  # grain is imported here, not at module level: notebooks and machines
+  # without grain still import this package (restore, evaluate, metrics).
+  from experiments.data.pipeline import TrainIterator, eval_batches
+
+  dc = config.data
+  model_cfg = lm_config(config)
+  corpus = load_corpus(corpus_spec(config))
+  write_manifest(corpus, workdir)
+  batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size, seed=dc.seed)
+  val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                             max_batches=dc.eval_batches)
+  model = DecoderLM(model_cfg, rngs=nnx.Rngs(params=config.train.seed))
+  graphdef, _ = nnx.split(model, nnx.Param)
+  eval_step = make_eval_step(graphdef, model_cfg.memory)
+
+  def evaluate(module):
+    return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),
+                            val_batches)
+
+  return Task(
+      kind="lm", module=model, saved_config=saved_config("lm", config, model_cfg),
+      batches=batches, loss=lm_loss, optim=config.optim, phases=(config.train.steps,),
+      evaluate=evaluate, tokens_per_step=dc.batch_size * dc.seq_len,
+      description=(f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation "
+                   "bytes"))

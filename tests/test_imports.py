@@ -1,0 +1,315 @@
+"""Structure checks: which package may import which, and what the code may cite.
+
+Imports are read with `ast` (nothing is imported), so these tests are fast and
+name the file, line and import of every violation. The rules (DESIGN.md §6):
+
+  * `kernels` imports nothing from `lngram_jax`, `pvm_jax` or `experiments`;
+  * `lngram_jax`, `pvm_jax`, `kernels` import nothing from `experiments`;
+  * no module outside `experiments/configs/` imports from `experiments.configs`
+    except the loader helpers of its `__init__.py` (a config file is loaded by
+    path, never imported);
+  * a config file imports only `ml_collections`, `__future__` and modules of
+    `experiments/configs/` (its shared defaults).
+
+Citations: no code or doc file points outside the repository, and every
+"DESIGN.md §N" names a section (or subsection) that DESIGN.md has.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARIES = ("lngram_jax", "pvm_jax", "kernels")
+SKIP_DIRS = frozenset({
+    ".git", ".venv", ".venv-ci", "__pycache__", ".pytest_cache", ".ruff_cache", "build",
+    "dist", "runs", ".ipynb_checkpoints", ".whl", ".gl",
+})
+CONFIGS = "experiments.configs"
+CONFIG_HELPERS = frozenset({"load_config", "config_files", "purpose", "CONFIG_DIR"})
+CONFIG_FILE_ALLOWED = ("ml_collections", "__future__", CONFIGS)
+DOC_SUFFIXES = frozenset({".py", ".md", ".sh", ".toml", ".ipynb", ".txt", ".cfg", ".yaml",
+                          ".yml", ".rst"})
+DESIGN_SECTIONS = {
+    1: "Symbols", 2: "Lngram v2 conventions", 3: "PVM conventions", 4: "Data",
+    5: "Deviations", 6: "Layout", 7: "Environment and testing",
+}
+
+
+# What the repository tracks at its root; other folders there (runs, outputs) are not scanned.
+TOP_FOLDERS = ("lngram_jax", "pvm_jax", "kernels", "experiments", "tests", ".ci")
+
+
+def _walk(top: Path):
+  if top == ROOT:
+    for path in sorted(ROOT.iterdir()):
+      if path.is_file():
+        yield path
+    for folder in TOP_FOLDERS:
+      if (ROOT / folder).is_dir():
+        yield from _walk(ROOT / folder)
+    return
+  for path in sorted(top.rglob("*")):
+    rel = path.relative_to(ROOT).parts
+    if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel):
+      continue
+    if path.is_file():
+      yield path
+
+
+def _rel(path: Path) -> str:
+  return path.relative_to(ROOT).as_posix()
+
+
+def _python_files(*tops: str) -> list[Path]:
+  files = []
+  for top in tops:
+    files += [p for p in _walk(ROOT / top) if p.suffix == ".py"]
+  return files
+
+
+def _module_name(path: Path) -> str:
+  parts = list(path.relative_to(ROOT).with_suffix("").parts)
+  if parts[-1] == "__init__":
+    parts.pop()
+  return ".".join(parts)
+
+
+def _sources(path: Path) -> list[str]:
+  """The Python source of a file; for a notebook, each code cell."""
+  if path.suffix == ".ipynb":
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c.get("cell_type") == "code"]
+  return [path.read_text()]
+
+
+def imports(path: Path) -> list[tuple[int | str, str, tuple[str, ...]]]:
+  """(line, absolute module, imported names) of every import in a file.
+
+  A notebook's lines read "cell<k>:<line>".
+
+  Relative imports are resolved against the file's package; `from a import b`
+  gives ("a", ("b",)); `importlib.import_module("x")` / `__import__("x")` with a
+  literal name count as imports of "x". Notebook cells that do not parse
+  (magics) are skipped.
+  """
+  module = _module_name(path)
+  package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+  found = []
+  for cell, source in enumerate(_sources(path)):
+    where = (lambda n, k=cell: f"cell{k}:{n}") if path.suffix == ".ipynb" else (lambda n: n)
+    try:
+      tree = ast.parse(source)
+    except SyntaxError:
+      if path.suffix == ".ipynb":
+        continue
+      raise
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        found += [(where(node.lineno), alias.name, ()) for alias in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          parts = package.split(".") if package else []
+          parts = parts[: len(parts) - (node.level - 1)]
+          base = ".".join(parts + ([base] if base else []))
+        found.append((where(node.lineno), base, tuple(alias.name for alias in node.names)))
+      elif (isinstance(node, ast.Call) and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+            and (getattr(node.func, "attr", None) == "import_module"
+                 or getattr(node.func, "id", None) == "__import__")):
+        found.append((where(node.lineno), node.args[0].value, ()))
+  return found
+
+
+def _within(module: str, package: str) -> bool:
+  return module == package or module.startswith(package + ".")
+
+
+def _targets(base: str, names: tuple[str, ...]) -> list[str]:
+  """Modules an import may load: the base, and base.name for `from base import name`."""
+  return [base] + [f"{base}.{name}" for name in names if name != "*"]
+
+
+def _violations(files, forbidden: tuple[str, ...]) -> list[str]:
+  bad = []
+  for path in files:
+    for line, base, names in imports(path):
+      if any(_within(t, p) for t in _targets(base, names) for p in forbidden):
+        shown = f"from {base} import {', '.join(names)}" if names else f"import {base}"
+        bad.append(f"{_rel(path)}:{line}: {shown}")
+  return bad
+
+
+def _report(bad: list[str], rule: str) -> str:
+  return f"{rule}; {len(bad)} violation(s):\n  " + "\n  ".join(bad)
+
+
+def test_the_import_reader_resolves_every_form(tmp_path, monkeypatch):
+  # The reader itself must catch relative, from- and dynamic imports.
+  pkg = tmp_path / "kernels" / "op"
+  pkg.mkdir(parents=True)
+  source = ("import lngram_jax.layer\nfrom ...experiments.configs import base\n"
+            "from .. import pvm_jax\nfrom . import common\n"
+            "import importlib\nimportlib.import_module('experiments.x')\n")
+  (pkg / "mod.py").write_text(source)
+  monkeypatch.setitem(globals(), "ROOT", tmp_path)
+  got = [(base, names) for _, base, names in imports(pkg / "mod.py")]
+  assert got == [("lngram_jax.layer", ()), ("experiments.configs", ("base",)),
+                 ("kernels", ("pvm_jax",)), ("kernels.op", ("common",)),
+                 ("importlib", ()), ("experiments.x", ())]
+
+
+def test_kernels_import_no_model_package():
+  bad = _violations(_python_files("kernels"), ("lngram_jax", "pvm_jax", "experiments"))
+  assert not bad, _report(bad, "kernels must not import lngram_jax, pvm_jax or experiments")
+
+
+def test_libraries_do_not_import_experiments():
+  bad = _violations(_python_files(*LIBRARIES), ("experiments",))
+  assert not bad, _report(bad, "lngram_jax, pvm_jax and kernels must not import experiments")
+
+
+def test_no_module_imports_a_config_file():
+  config_dir = ROOT / "experiments" / "configs"
+  files = [p for p in _walk(ROOT) if p.suffix in (".py", ".ipynb")
+           and config_dir not in p.parents]
+  bad = []
+  for path in files:
+    for line, base, names in imports(path):
+      if base == CONFIGS:  # `import experiments.configs` alone (the package) passes
+        extra = sorted(set(names) - CONFIG_HELPERS)
+        if extra:
+          bad.append(f"{_rel(path)}:{line}: from {base} import {', '.join(extra)}")
+      elif _within(base, CONFIGS):
+        shown = f"from {base} import {', '.join(names)}" if names else f"import {base}"
+        bad.append(f"{_rel(path)}:{line}: {shown}")
+  assert not bad, _report(
+      bad, f"outside experiments/configs only the loader helpers {sorted(CONFIG_HELPERS)} of "
+      "experiments.configs may be imported (configs are loaded by path)")
+
+
+def test_config_files_are_leaves():
+  files = [p for p in _python_files("experiments/configs") if p.name != "__init__.py"]
+  assert files, "experiments/configs holds no config files"
+  bad = []
+  for path in files:
+    for line, base, names in imports(path):
+      if not any(_within(base, ok) for ok in CONFIG_FILE_ALLOWED):
+        shown = f"from {base} import {', '.join(names)}" if names else f"import {base}"
+        bad.append(f"{_rel(path)}:{line}: {shown}")
+  assert not bad, _report(
+      bad, "config files may import only ml_collections, __future__ and experiments.configs")
+
+
+# --- citations --------------------------------------------------------------
+
+# Pointers to files that live outside the repository.
+_OUTSIDE = [
+    (re.compile(r"\.\./shared|\bshared/(DESIGN|STYLE|papers|references)"), "a shared folder"),
+    (re.compile(r"(?<![\w.~])/work/"), "a machine path"),
+    (re.compile(r"\bDESIGN(?!\.md)\s*§"), '"DESIGN §" (cite "DESIGN.md §N")'),
+    (re.compile(r"\b(design|spec) sheet\b", re.I), "the outside design sheet"),
+    (re.compile(r"lngram-v2-paper|pvm-paper-review"), "a paper file (cite title + arXiv id)"),
+]
+_MD_NAME = re.compile(r"([\w-]+\.md)\b")  # any path prefix: the file name must exist here
+_DESIGN_CITE = re.compile(r"DESIGN\.md\s*§\s*(\d+)(?:\.(\d+))?(?:,?\s*\"([^\"]+)\")?")
+_H2 = re.compile(r"^## (\d+)\. (.+)$")
+_H3 = re.compile(r"^### (\d+)\.(\d+) (.+)$")
+
+
+def _doc_files() -> list[Path]:
+  here = Path(__file__).resolve()
+  files = [p for p in _walk(ROOT) if (p.suffix in DOC_SUFFIXES or p.parent.name == ".ci")
+           and p.resolve() != here]
+  return [p for p in files if p.stat().st_size < 2_000_000]
+
+
+def _design_outline():
+  """{section: title}, {(section, sub): title}, {section: [subsection titles]}."""
+  path = ROOT / "DESIGN.md"
+  if not path.exists():
+    return None
+  sections, subsections, titles = {}, {}, {}
+  for line in path.read_text().splitlines():
+    if m := _H2.match(line):
+      sections[int(m[1])] = m[2].strip()
+    elif m := _H3.match(line):
+      subsections[int(m[1]), int(m[2])] = m[3].strip()
+      titles.setdefault(int(m[1]), []).append(m[3].strip())
+  return sections, subsections, titles
+
+
+def test_design_md_has_the_numbered_sections():
+  outline = _design_outline()
+  assert outline is not None, "DESIGN.md is missing at the repository root"
+  sections, subsections, _ = outline
+  assert sorted(sections) == sorted(DESIGN_SECTIONS), sections
+  for number, title in DESIGN_SECTIONS.items():
+    assert sections[number].startswith(title), (number, sections[number], title)
+  for section, _ in subsections:
+    assert section in sections, f"subsection of a missing §{section}"
+
+
+def outside_pointers(line: str, md_names: set[str]) -> list[str]:
+  """Why a line points outside the repository (empty if it does not)."""
+  why = [what for pattern, what in _OUTSIDE if pattern.search(line)]
+  return why + [f"{name} is not in the repository" for name in _MD_NAME.findall(line)
+                if name not in md_names]
+
+
+def test_the_citation_patterns():
+  md = {"DESIGN.md", "README.md", "RESULTS.md"}
+  for line in ("see ../shared/DESIGN.md", "(DESIGN §3)", "the design sheet says",
+               "papers/lngram-v2-paper.txt", "/work/main/lngram_jax", "STYLE.md habits",
+               "references/baselines.md"):
+    assert outside_pointers(line, md), line
+  for line in ("(DESIGN.md §3)", "experiments/RESULTS.md", "paper §2.4", "README.md"):
+    assert not outside_pointers(line, md), line
+
+
+def test_no_file_cites_outside_the_repository():
+  md_names = {p.name for p in _walk(ROOT) if p.suffix == ".md"}
+  bad = []
+  for path in _doc_files():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+      bad += [f"{_rel(path)}:{number}: {why}: {line.strip()[:100]}"
+              for why in outside_pointers(line, md_names)]
+  assert not bad, _report(bad, "cite files inside the repository (papers by title/arXiv id)")
+
+
+def test_design_citations_name_existing_sections():
+  outline = _design_outline()
+  assert outline is not None, "DESIGN.md is missing at the repository root"
+  sections, subsections, titles = outline
+  bad = []
+  for path in _doc_files():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+      for m in _DESIGN_CITE.finditer(line):
+        section, sub, title = int(m[1]), m[2], m[3]
+        where = f"{_rel(path)}:{number}: {m[0]}"
+        if section not in sections:
+          bad.append(f"{where}: DESIGN.md has no §{section}")
+        elif sub is not None and (section, int(sub)) not in subsections:
+          bad.append(f"{where}: DESIGN.md has no §{section}.{sub}")
+        elif title and not any(title.lower() in t.lower() for t in titles.get(section, [])):
+          bad.append(f"{where}: no subsection of §{section} is titled {title!r}")
+  assert not bad, _report(bad, "DESIGN.md citations must name existing sections")
+
+
+@pytest.mark.parametrize("package, needles", [
+    ("lngram_jax", ("Lngram v2: Latent N-Gram Memory with Interpretable Discrete "
+                    "Representations", "2605.24869")),
+    ("pvm_jax", ("Persistent Visual Memory: Sustaining Perception for Deep Generation in "
+                 "LVLMs", "2605.00814")),
+])
+def test_package_docstring_cites_its_paper(package, needles):
+  doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+  flat = " ".join(doc.split())
+  missing = [n for n in needles if n not in flat]
+  assert not missing, f"{package}/__init__.py docstring does not cite {missing}"
