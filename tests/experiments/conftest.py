@@ -37,3 +37,30 @@ def smoke_run_copy(smoke_run, tmp_path):
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
   return copy, result
+
+
+@pytest.fixture(name="recording_callbacks")
+def recording_callbacks_fixture():
+  """`recording_callbacks(fingerprint, stop_at)` for kill-and-resume tests."""
+  return recording_callbacks
+
+
+def recording_callbacks(fingerprint, stop_at):
+  """Training callbacks for kill-and-resume tests: (seen_full, full_cb, seen_cut, cut_cb).
+
+  Both record (step, fingerprint(batch)); `cut_cb` also sends SIGTERM to this
+  process at step `stop_at`, which the loop turns into save-and-stop.
+  """
+  import signal
+
+  seen_full, seen_cut = [], []
+
+  def full(step, batch):
+    seen_full.append((step, fingerprint(batch)))
+
+  def cut(step, batch):
+    seen_cut.append((step, fingerprint(batch)))
+    if step == stop_at:
+      signal.raise_signal(signal.SIGTERM)
+
+  return seen_full, full, seen_cut, cut

@@ -4,7 +4,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -60,21 +59,13 @@ def test_smoke_train_save_restore(smoke_run):
 
 
 @pytest.mark.slow
-def test_resume_is_bit_exact(tmp_path, smoke_config):
+def test_resume_is_bit_exact(tmp_path, smoke_config, recording_callbacks):
   """2N steps in one go == N steps, SIGTERM + checkpoint, resume, N steps."""
   config = smoke_config(steps=4, ckpt_every=100, eval_every=100)
   fingerprint = lambda b: hashlib.sha256(b["inputs"].tobytes()).hexdigest()
 
-  seen_a = []
-  train(config, tmp_path / "a", callback=lambda s, b: seen_a.append((s, fingerprint(b))))
-
-  seen_b = []
-
-  def stop_at_two(step, batch):
-    seen_b.append((step, fingerprint(batch)))
-    if step == 2:
-      signal.raise_signal(signal.SIGTERM)
-
+  seen_a, record, seen_b, stop_at_two = recording_callbacks(fingerprint, stop_at=2)
+  train(config, tmp_path / "a", callback=record)
   first = train(config, tmp_path / "b", callback=stop_at_two)
   assert first["interrupted"] and first["step"] == 2
   assert run_checkpointer(tmp_path / "b").all_steps() == [2]

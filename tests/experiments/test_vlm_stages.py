@@ -3,7 +3,6 @@ the analyses, the config args and the curriculum."""
 
 import hashlib
 import json
-import signal
 
 import numpy as np
 import pytest
@@ -46,7 +45,7 @@ def test_vlm_config_args():
 
 
 @pytest.mark.slow
-def test_vlm_stage0_resumes_bit_exactly_across_a_kill(tmp_path):
+def test_vlm_stage0_resumes_bit_exactly_across_a_kill(tmp_path, recording_callbacks):
   """2N steps in one go == N steps, SIGTERM + checkpoint, resume, N steps (curriculum,
   cell head, scene sampler state and a phase boundary included)."""
   from experiments.checkpoint import run_checkpointer
@@ -56,15 +55,8 @@ def test_vlm_stage0_resumes_bit_exactly_across_a_kill(tmp_path):
   config.vlm.stage.curriculum = "2:1,2:0"   # the kill lands after the phase boundary
   fingerprint = lambda b: hashlib.sha256(b["tokens"].tobytes() + b["images"].tobytes()
                                          ).hexdigest()
-  seen_a = []
-  full = run_stage(config, tmp_path / "a", callback=lambda s, b: seen_a.append((s, fingerprint(b))))
-  seen_b = []
-
-  def stop_at_three(step, batch):
-    seen_b.append((step, fingerprint(batch)))
-    if step == 3:
-      signal.raise_signal(signal.SIGTERM)
-
+  seen_a, record, seen_b, stop_at_three = recording_callbacks(fingerprint, stop_at=3)
+  full = run_stage(config, tmp_path / "a", callback=record)
   first = run_stage(config, tmp_path / "b", callback=stop_at_three)
   assert first["interrupted"] and first["step"] == 3 and first["final"] == {}
   assert run_checkpointer(tmp_path / "b").all_steps() == [3]
