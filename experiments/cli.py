@@ -2,6 +2,7 @@
 
     lngram-exp train   --config=experiments/configs/lm_lngram.py[:arg] --workdir=runs/x
                        [--config.train.steps=100 --config.data.path=my/texts ...]
+                       [--max_memory=8GiB]
     lngram-exp eval    --workdir=runs/x [--step=N]                       (LM runs)
     lngram-exp sample  --workdir=runs/x --prompt='def ' [--max_new_tokens=200 --top_k=20]
     lngram-exp configs
@@ -13,6 +14,9 @@ A config with a `vlm` block (experiments/configs/vlm_*.py) trains a VLM stage;
 every run, LM or VLM, goes through the same loop (experiments.train.train),
 checkpoints and resumes the same way: rerun the same command after a kill.
 
+Errors of the project (config, data, checkpoint, input checks) end in one
+line `error: ...` on stderr and exit status 2; `--debug` shows the traceback.
+
 Also `python -m experiments ...`. The logic lives in importable libraries
 (experiments.train, experiments.checkpoint, experiments.vlm.run); this file
 only parses flags.
@@ -20,23 +24,36 @@ only parses flags.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import logging
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-COMMANDS = ("train", "eval", "sample", "configs", "analyze")
+# One line each for `lngram-exp --help`.
+COMMANDS = {
+    "train": "train (or resume) a run from a config file into --workdir",
+    "eval": "validation bits per byte of an LM run's checkpoint",
+    "sample": "continue prompts with an LM run's checkpoint",
+    "configs": "list the config files with their purpose",
+    "analyze": "attention, accuracy, LogitLens and grounding analyses of a VLM run",
+}
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file, `path.py[:arg]`; override fields with "
-    "--config.<field>=<value>.", lock_config=True)
+# Config fields a config file need not define: the loop reads them with
+# `config.train.get(name, default)`.
+EXTRA_FIELDS = {"train.allow_config_change": False}
+
+# `--config` and `--config.<field>=<value>` are parsed here, not by absl's
+# config_flags, so that a typo'd field is one line naming the closest field.
+_CONFIG_HELP = ("--config=<file.py[:arg]>: experiment config file; override fields with "
+                "--config.<field>=<value>.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
 _STEP = flags.DEFINE_integer("step", None, "eval/sample: checkpoint step (default newest).")
 _PROMPT = flags.DEFINE_multi_string("prompt", ["def "], "sample: prompt(s), repeatable.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "sample: bytes to generate (default "
-                                 "200); analyze: answer length cap (default the run's "
-                                 "vlm.eval.max_new_tokens).")
+                                 "200, capped to what the model can hold); analyze: answer "
+                                 "length cap (default the run's vlm.eval.max_new_tokens).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "sample: softmax temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", None, "sample: keep the k most likely bytes.")
 _GREEDY = flags.DEFINE_bool("greedy", False, "sample: argmax decoding.")
@@ -45,11 +62,154 @@ _CACHE = flags.DEFINE_bool("cache", True, "sample: KV cache + Lngram decode stat
 _N_ANALYZE = flags.DEFINE_integer("n", 32, "analyze: validation scenes to analyse.")
 _WHICH = flags.DEFINE_list("which", ["attention", "accuracy", "logit_lens", "grounding"],
                            "analyze: which analyses.")
+_MAX_MEMORY = flags.DEFINE_string("max_memory", None, "train: refuse a config whose "
+                                  "parameters + optimizer state exceed this, e.g. 8GiB "
+                                  "(default: the machine's memory).")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the full traceback of an error.")
+
+DEFAULT_MAX_NEW_TOKENS = 200
 
 
-def _run(argv):
+class UsageError(Exception):
+  """Wrong command line: printed as `usage: ...`, exit status 2."""
+
+
+def usage() -> str:
+  width = max(len(c) for c in COMMANDS)
+  lines = ["usage: lngram-exp <command> [flags]", "", "commands:"]
+  lines += [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+  lines += ["", "`lngram-exp --help` also lists the flags; " + _CONFIG_HELP]
+  return "\n".join(lines)
+
+
+# --- `--config` and its overrides ------------------------------------------------------
+
+
+def split_config_args(args: list[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+  """(config spec, [(field, value text)], the other args) of a command line.
+
+  Accepts `--config=x`, `--config x`, `--config.a.b=v` and `--config.a.b v`.
+  """
+  spec, overrides, rest = None, [], []
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg == "--":
+      rest += args[i:]
+      break
+    if arg == "--config" or arg.startswith(("--config=", "--config.")):
+      name, eq, value = arg[2:].partition("=")
+      if not eq:
+        if i + 1 >= len(args):
+          raise UsageError(f"{arg} needs a value.")
+        value, i = args[i + 1], i + 1
+      if name == "config":
+        spec = value
+      else:
+        field = name[len("config."):]
+        if not field:
+          raise UsageError(f"{arg}: name a config field, e.g. --config.train.steps=100.")
+        overrides.append((field, value))
+    else:
+      rest.append(arg)
+    i += 1
+  return spec, overrides, rest
+
+
+def field_names(config, prefix: str = "") -> list[str]:
+  """Dotted names of every leaf field of a ConfigDict."""
+  names = []
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      names += field_names(value, name + ".")
+    else:
+      names.append(name)
+  return names
+
+
+def _parse_bool(field, text):
+  low = text.strip().lower()
+  if low in ("true", "1", "yes", "on"):
+    return True
+  if low in ("false", "0", "no", "off"):
+    return False
+  raise ValueError(f"{field}={text!r} is not a bool (true/false).")
+
+
+def parse_value(field: str, old, text: str):
+  """`text` as the type of the field's current value `old`."""
+  if isinstance(old, bool):
+    return _parse_bool(field, text)
+  if isinstance(old, int):
+    try:
+      return int(text)
+    except ValueError:
+      raise ValueError(f"{field}={text!r} is not an int.") from None
+  if isinstance(old, float):
+    try:
+      return float(text)
+    except ValueError:
+      raise ValueError(f"{field}={text!r} is not a number.") from None
+  if isinstance(old, str):
+    return text
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if old is None:
+      return text
+    raise ValueError(f"{field}={text!r} is not a Python literal like {old!r}.") from None
+  if isinstance(old, (tuple, list)):
+    if isinstance(value, (int, float, str)):
+      value = (value,)
+    if not isinstance(value, (tuple, list)):
+      raise ValueError(f"{field}={text!r} is not a tuple like {tuple(old)!r}.")
+    return tuple(value)
+  return value
+
+
+def apply_overrides(config, overrides: list[tuple[str, str]]):
+  """Sets `--config.<field>=<value>` overrides on `config` (in place), checked by name."""
+  names = field_names(config)
+  for field, text in overrides:
+    parts = field.split(".")
+    node = config
+    for part in parts[:-1]:
+      node = node.get(part) if hasattr(node, "get") else None
+      if node is None or not hasattr(node, "items"):
+        break
+    leaf = parts[-1]
+    if node is None or not hasattr(node, "items") or leaf not in node:
+      if field in EXTRA_FIELDS and node is not None and hasattr(node, "items"):
+        with config.unlocked():
+          node[leaf] = parse_value(field, EXTRA_FIELDS[field], text)
+        continue
+      close = difflib.get_close_matches(field, names + list(EXTRA_FIELDS), n=1, cutoff=0.6)
+      hint = f" (did you mean {close[0]}?)" if close else ""
+      raise ValueError(f"unknown field {field}{hint}")
+    old = node[leaf]
+    if hasattr(old, "items"):
+      raise ValueError(f"{field} is a block of fields; set them one by one, e.g. "
+                       f"--config.{field}.{next(iter(old.keys()), 'x')}=...")
+    node[leaf] = parse_value(field, old, text)
+  return config
+
+
+def load_with_overrides(spec: str, overrides: list[tuple[str, str]]):
+  """The ConfigDict of `path.py[:arg]` with the overrides applied, then locked."""
+  from experiments.configs import load_config
+  config = load_config(spec)
+  apply_overrides(config, overrides)
+  config.lock()
+  return config
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+def _run(argv, config):
   if len(argv) != 2 or argv[1] not in COMMANDS:
-    raise app.UsageError(f"usage: lngram-exp {{{','.join(COMMANDS)}}} [flags]; got {argv[1:]}")
+    raise UsageError(f"lngram-exp <{'|'.join(COMMANDS)}> [flags]; got {argv[1:]}")
   command = argv[1]
   _setup_logging()
   if command == "configs":
@@ -58,14 +218,10 @@ def _run(argv):
       print(f"{path.name:<18} {purpose(path)}")
     return 0
   if not _WORKDIR.value:
-    raise app.UsageError(f"lngram-exp {command} needs --workdir.")
+    raise UsageError(f"lngram-exp {command} needs --workdir.")
   if command == "train":
-    return _train()
-  try:
-    return _inspect(command)
-  except ValueError as e:   # a VLM run given to an LM command, an unknown analysis
-    print(f"lngram-exp {command}: {e}", file=sys.stderr)
-    return 2
+    return _train(config)
+  return _inspect(command)
 
 
 def _inspect(command):
@@ -76,34 +232,49 @@ def _inspect(command):
     print(f"wrote {sorted(out)} (.json, .png) into {_WORKDIR.value}")
     return 0
   if command == "eval":
-    from experiments.train.evaluate import evaluate_run
-    metrics = evaluate_run(_WORKDIR.value, step=_STEP.value)
+    from experiments.train.evaluate import evaluate_checkpoint
+    metrics, step = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value)
+    print(f"checkpoint step {step} of {_WORKDIR.value}", file=sys.stderr)
     for key, value in sorted(metrics.items()):
       print(f"{key:<32} {value:.4f}")
     return 0
   from experiments.checkpoint.restore import restore_module
-  from experiments.train.evaluate import require_lm, sample_text
-  model, saved, _ = restore_module(_WORKDIR.value, _STEP.value)
+  from experiments.train.evaluate import cap_new_tokens, require_lm, sample_text
+  prompts = list(_PROMPT.value)
+  if any(not p for p in prompts):
+    raise ValueError("--prompt must be a non-empty string.")
+  if _MAX_NEW.value is not None and _MAX_NEW.value < 1:
+    raise ValueError(f"--max_new_tokens={_MAX_NEW.value} must be >= 1.")
+  model, saved, step = restore_module(_WORKDIR.value, _STEP.value)
   require_lm(saved, _WORKDIR.value, "sample")
-  texts = sample_text(model, list(_PROMPT.value), max_new_tokens=_MAX_NEW.value or 200,
-                      seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+  print(f"checkpoint step {step} of {_WORKDIR.value}", file=sys.stderr)
+  asked = DEFAULT_MAX_NEW_TOKENS if _MAX_NEW.value is None else _MAX_NEW.value
+  max_new, note = cap_new_tokens(model.config.max_len, prompts, asked)
+  if note:
+    print(f"note: {note}", file=sys.stderr)
+  texts = sample_text(model, prompts, max_new_tokens=max_new, seed=_SEED.value,
+                      temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                       greedy=_GREEDY.value, use_cache=_CACHE.value)
-  for prompt, text in zip(_PROMPT.value, texts, strict=True):
+  for prompt, text in zip(prompts, texts, strict=True):
     print(f"--- {prompt!r}\n{prompt}{text}")
   return 0
 
 
-def _train():
-  if _CONFIG.value is None:
-    raise app.UsageError("lngram-exp train needs --config=<file.py[:arg]>.")
+def _train(config):
+  if config is None:
+    raise UsageError("lngram-exp train needs --config=<file.py[:arg]>.")
   from experiments.train import train
-  result = train(_CONFIG.value, _WORKDIR.value)
+  from experiments.train.task import check_experiment_config, check_memory, parse_bytes
+  check_experiment_config(config)
+  if _MAX_MEMORY.value:   # the machine's memory is checked by make_task
+    check_memory(config, limit=parse_bytes(_MAX_MEMORY.value, "--max_memory"))
+  result = train(config, _WORKDIR.value)
   if result["interrupted"]:
     print(f"interrupted after step {result['step']}; checkpoint saved in "
           f"{result['workdir']}. Run the same command again to resume.")
     return 130
   print(f"done: {result['step']} steps, run directory {result['workdir']}")
-  if "vlm" in _CONFIG.value:
+  if "vlm" in config:
     final = result["final"]
     print(f"VLM {final['stage']}: validation {final['eval']['overall']}")
     return 0
@@ -128,10 +299,65 @@ def _setup_logging():
     handler.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
     ours.addHandler(handler)
     ours.propagate = False
+  # Warnings (e.g. a checkpoint fallback) as one line each, without the source line
+  # Python prints under them by default.
+  import warnings
+  warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
 
 
-def main():
-  app.run(lambda argv: sys.exit(_run(argv)))
+def _project_errors():
+  from lngram_jax.checkpoint import CheckpointError
+  # FileNotFoundError, NotADirectoryError, PermissionError are OSErrors;
+  # FloatingPointError is the loop's NaN/Inf check.
+  return (CheckpointError, ValueError, OSError, FloatingPointError)
+
+
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split()) or type(error).__name__
+
+
+def main(argv: list[str] | None = None):
+  """The command line: exits 0, 2 (a usage or project error) or 130 (interrupted)."""
+  try:
+    status = run_main(argv)
+    sys.stdout.flush()
+  except BrokenPipeError:   # `lngram-exp --help | head`: the reader left; no traceback
+    import os
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    status = 1
+  sys.exit(status)
+
+
+def run_main(argv: list[str] | None = None) -> int:
+  """The command line's exit status."""
+  argv = list(sys.argv if argv is None else argv)
+  debug = any(a in ("--debug", "--debug=true", "--debug=1") for a in argv)
+  if len(argv) == 1 or argv[1] == "help" or any(a in ("--help", "-h", "-help")
+                                                   for a in argv[1:]):
+    print(usage())
+    if len(argv) > 1:
+      print("\nflags:\n" + flags.FLAGS.module_help(__name__))
+    return 0 if len(argv) > 1 else 2
+  try:
+    spec, overrides, rest = split_config_args(argv[1:])
+    try:
+      rest = flags.FLAGS([argv[0], *rest])
+    except flags.Error as e:   # an unknown flag, a flag value of the wrong type
+      raise ValueError(str(e)) from e
+    if overrides and spec is None:
+      raise UsageError("--config.<field> overrides need --config=<file.py[:arg]>.")
+    config = load_with_overrides(spec, overrides) if spec is not None else None
+    return _run(rest, config)
+  except UsageError as e:
+    if debug:
+      raise
+    print(f"usage: {_one_line(e)} (`lngram-exp --help` lists the commands)", file=sys.stderr)
+    return 2
+  except _project_errors() as e:
+    if debug:
+      raise
+    print(f"error: {_one_line(e)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

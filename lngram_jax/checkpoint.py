@@ -12,8 +12,19 @@ both write it. A step directory under `directory/<step>/` holds:
 orbax detects a truncated array file but not a flipped byte inside one, so
 `meta` records a digest of every array leaf at save time and restoring
 recomputes it: a mismatch, like any read error, marks the step corrupt.
-Restoring the latest step falls back to the previous valid one with a
-warning; a step asked for by number, or no valid step at all, is an error.
+Restoring the latest step falls back to the previous valid one with one
+warning line per step tried (naming the step tried next); a step asked for by
+number, or no valid step at all, is an error. orbax's own logging, Python
+warnings and the asyncio noise of an abandoned read are kept off the terminal
+during reads: their full text goes to `log_file` (a run's
+`<workdir>/checkpoints.log`). `restore_latest_valid(quarantine=True)` (the
+training loop, which holds the workdir lock) renames the corrupt steps newer
+than the one restored to `<step>.corrupt` (never deletes them), so that the
+retrained step is saved again.
+
+A failed save (disk full, read-only directory) raises CheckpointError naming
+the step and the cause; orbax's half-written `<step>.orbax-checkpoint-tmp-*`
+directory is removed, so the previous step stays the latest.
 
 Digest ("shardsum"): for every element, a 128-bit mix of its GLOBAL flat index
 and its bits, summed modulo 2^64 per lane. A sum needs no order, so each
@@ -34,9 +45,15 @@ copy would gather them).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
 import hashlib
 import logging
 import os
+import shutil
+import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -58,6 +75,121 @@ class CheckpointError(RuntimeError):
 
 class CorruptCheckpointError(CheckpointError):
   """One step's files cannot be read back, or do not match their digest."""
+
+
+class MissingStepError(CheckpointError):
+  """A step asked for by number is not on disk (the message lists those that are)."""
+
+
+class ConfigMismatchError(CheckpointError):
+  """The workdir holds a run of another model, or resuming would change its optimiser/steps."""
+
+
+class WorkdirLockedError(CheckpointError):
+  """Another process (or a lock not known to be stale) holds the workdir."""
+
+
+class CheckpointSaveError(CheckpointError):
+  """A step could not be written (disk full, read-only directory, ...)."""
+
+
+def config_diff(old, new, prefix: str = "") -> list[tuple[str, object, object]]:
+  """[(dotted path, old, new)] of the leaves that differ between two JSON-like trees."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+      path = f"{prefix}.{key}" if prefix else str(key)
+      out += config_diff(old.get(key, "<absent>"), new.get(key, "<absent>"), path)
+    return out
+  norm = (lambda x: list(x) if isinstance(x, tuple) else x)
+  return [] if norm(old) == norm(new) else [(prefix, old, new)]
+
+
+# orbax logs through absl (the "absl" python logger) and its own module loggers.
+_NOISY_LOGGERS = ("absl", "orbax", "jax._src.distributed", "asyncio", "tensorstore")
+
+
+@contextlib.contextmanager
+def quiet_reads(log_file: Path | None):
+  """Keeps orbax/asyncio logging, Python warnings and unraisable-exception reports
+  (the never-awaited coroutines of an abandoned read) off the terminal; their
+  text goes to `log_file` (if it can be opened), else nowhere."""
+  handler = None
+  if log_file is not None:
+    try:
+      handler = logging.FileHandler(log_file)
+      handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    except OSError:
+      handler = None
+  sink = handler.stream if handler is not None else None
+  saved = []
+  for name in _NOISY_LOGGERS:
+    logger = logging.getLogger(name)
+    saved.append((logger, logger.propagate, list(logger.handlers), logger.level))
+    logger.propagate = False
+    logger.handlers = [handler] if handler is not None else [logging.NullHandler()]
+  previous_hook = sys.unraisablehook
+
+  def to_log(unraisable):
+    if sink is not None:
+      sink.write(f"unraisable: {unraisable.err_msg or ''} {unraisable.object!r}\n")
+      if unraisable.exc_type is not None:
+        sink.writelines(traceback.format_exception(
+            unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+
+  sys.unraisablehook = to_log
+  try:
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      yield handler
+      gc.collect()   # report abandoned coroutines here, into the log
+    if sink is not None:
+      for w in caught:
+        sink.write(f"warning: {w.category.__name__}: {w.message}\n")
+  finally:
+    sys.unraisablehook = previous_hook
+    for logger, propagate, handlers, level in saved:
+      logger.propagate, logger.handlers = propagate, handlers
+      logger.setLevel(level)
+    if handler is not None:
+      handler.close()
+
+
+def _filter_late_asyncio_noise(log_file: Path | None) -> None:
+  """After a failed read, orbax's abandoned asyncio work can still report
+  "Event loop is closed" from another thread, seconds later: send those reports
+  (only those) to the log file for the rest of the process."""
+  global _noise_log
+  _noise_log = log_file
+  hook = sys.unraisablehook
+  if getattr(hook, "_lngram_filter", False):
+    return
+
+  def filtered(unraisable):
+    if isinstance(unraisable.exc_value, RuntimeError) and (
+        "Event loop is closed" in str(unraisable.exc_value)):
+      if _noise_log is not None:
+        with contextlib.suppress(OSError), open(_noise_log, "a") as f:
+          f.write(f"late asyncio report after a failed read: {unraisable.exc_value}\n")
+      return
+    hook(unraisable)
+
+  filtered._lngram_filter = True
+  sys.unraisablehook = filtered
+
+
+_noise_log: Path | None = None
+
+
+def _log_failure(log_file: Path | None, message: str, exc: BaseException) -> None:
+  if log_file is None:
+    return
+  try:
+    with open(log_file, "a") as f:
+      f.write(f"{message}\n")
+      f.writelines(traceback.format_exception(type(exc), exc, exc.__traceback__))
+  except OSError:
+    pass
 
 
 def _splitmix64(z):
@@ -149,8 +281,10 @@ class Checkpointer:
   """An orbax CheckpointManager over numbered steps in `directory`."""
 
   def __init__(self, directory, *, max_to_keep: int | None = 3, async_save: bool = True,
-               create: bool = True):
+               create: bool = True, log_file=None):
     self.directory = absolute(directory)
+    # Where the full text of read/save failures goes (the terminal gets one line).
+    self.log_file = absolute(log_file) if log_file is not None else None
     if not create and not self.directory.is_dir():
       raise CheckpointError(f"no checkpoint directory {self.directory}.")
     self.async_save = async_save
@@ -177,19 +311,54 @@ class Checkpointer:
     if rng is not None:
       meta["rng"] = np.asarray(jax.random.key_data(rng)).tolist()
     items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items()}
-    saved = self._manager.save(int(step), args=ocp.args.Composite(
-        **items, meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state or {}),
-        config=ocp.args.JsonSave(config or {})))
+    # orbax waits for the previous asynchronous save anyway; waiting here first
+    # attributes its failure to its own step.
+    self.wait()
+    self._saving = int(step)
+    try:
+      saved = self._manager.save(int(step), args=ocp.args.Composite(
+          **items, meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state or {}),
+          config=ocp.args.JsonSave(config or {})))
+    except Exception as e:  # orbax wraps OSError in several types; all mean "not written"
+      raise self._save_failed(int(step), e) from e
     if saved:
       log.info("checkpoint: saving step %d to %s", step, self.directory)
     return saved
 
+  _saving: int | None = None
+  unreadable_configs: dict[int, str] = {}
+
+  def _save_failed(self, step: int, e: BaseException) -> CheckpointSaveError:
+    """Removes the half-written step and says what happened."""
+    _log_failure(self.log_file, f"saving checkpoint step {step} failed:", e)
+    leftovers = [p for p in self.directory.glob(f"{step}{_TMP_SUFFIX}*")]
+    for path in leftovers:
+      shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(Exception):
+      self._manager.reload()
+    cause = _cause(e)
+    latest = self.latest_step()
+    hint = ("free some space" if isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+            else "check that the directory is writable and has space")
+    return CheckpointSaveError(
+        f"could not save checkpoint step {step} in {self.directory}: "
+        f"{type(cause).__name__}: {_short(cause)}. The previous checkpoint "
+        f"(step {latest}) is intact and is where a rerun resumes; {hint}, then rerun.")
+
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # an asynchronous save failed
+      step, self._saving = self._saving, None
+      raise self._save_failed(step if step is not None else -1, e) from e
+    self._saving = None
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      with contextlib.suppress(Exception):
+        self._manager.close()
 
   def __enter__(self):
     return self
@@ -202,14 +371,30 @@ class Checkpointer:
     """One JSON item (`config`, `data` or `meta`) of a step."""
     if item not in JSON_ITEMS:
       raise ValueError(f"item={item!r} is not one of {JSON_ITEMS}.")
-    try:
-      restored = self._manager.restore(
-          step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))
-    except Exception as e:  # orbax raises many types; all mean unreadable here
-      raise CorruptCheckpointError(
-          f"checkpoint step {step} in {self.directory}: item {item!r} is unreadable "
-          f"({type(e).__name__}: {_short(e)}).") from e
+    self._require(step)
+    error = None
+    with quiet_reads(self.log_file):
+      try:
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))
+      except Exception as e:  # orbax raises many types; all mean unreadable here
+        error = CorruptCheckpointError(
+            f"checkpoint step {step} in {self.directory}: item {item!r} is unreadable "
+            f"({type(e).__name__}: {_short(e)}{self._see_log()}).")
+        _log_failure(self.log_file, str(error), e)
+    if error is not None:
+      _filter_late_asyncio_noise(self.log_file)
+      raise error
     return restored[item]
+
+  def _see_log(self) -> str:
+    return f"; details in {self.log_file.name}" if self.log_file is not None else ""
+
+  def _require(self, step: int) -> None:
+    steps = self.all_steps()
+    if int(step) not in steps:
+      raise MissingStepError(
+          f"no checkpoint step {step} in {self.directory}; have {steps or 'none'}.")
 
   def restore_step(self, step: int, *, abstract_params, abstract_opt_state=None) -> dict:
     """Restores and verifies one step: params, opt_state (if asked), meta, data, config.
@@ -222,12 +407,19 @@ class Checkpointer:
       items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
     for name in JSON_ITEMS:
       items[name] = ocp.args.JsonRestore()
+    self._require(step)
     where = f"checkpoint step {step} in {self.directory}"
-    try:
-      restored = dict(self._manager.restore(step, args=ocp.args.Composite(**items)))
-    except Exception as e:  # orbax/tensorstore raise many types; all mean unreadable
-      raise CorruptCheckpointError(
-          f"{where} is unreadable ({type(e).__name__}: {_short(e)}).") from e
+    error = None
+    with quiet_reads(self.log_file):
+      try:
+        restored = dict(self._manager.restore(step, args=ocp.args.Composite(**items)))
+      except Exception as e:  # orbax/tensorstore raise many types; all mean unreadable
+        error = CorruptCheckpointError(
+            f"{where} is unreadable ({type(e).__name__}: {_short(e)}{self._see_log()}).")
+        _log_failure(self.log_file, str(error), e)
+    if error is not None:
+      _filter_late_asyncio_noise(self.log_file)
+      raise error
     meta = restored["meta"]
     for name in ARRAY_ITEMS:
       if name in items:
@@ -235,39 +427,86 @@ class Checkpointer:
     return restored
 
   def restore_latest_valid(self, *, abstract_params, abstract_opt_state=None,
-                           step: int | None = None) -> dict:
-    """`step` if given (errors are fatal), else the newest step that restores cleanly."""
+                           step: int | None = None, quarantine: bool = False,
+                           skip: dict[int, str] | None = None) -> dict:
+    """`step` if given (errors are fatal), else the newest step that restores cleanly.
+
+    The result's "step" is the step restored. With `quarantine`, the corrupt
+    steps newer than it are renamed `<step>.corrupt` (see `move_aside`) so
+    that training saves them again; the warning says where they went.
+    `skip` ({step: reason}) are steps already found unreadable (e.g. by
+    `newest_readable_config`): not tried again nor warned about again.
+    """
     steps = self.all_steps()
     if not steps:
       raise CheckpointError(f"no checkpoint found in {self.directory}.")
     if step is not None:
-      if step not in steps:
-        raise CheckpointError(f"no checkpoint step {step} in {self.directory}; have {steps}.")
-      return self.restore_step(step, abstract_params=abstract_params,
-                               abstract_opt_state=abstract_opt_state)
-    failures = []
-    for candidate in reversed(steps):
+      restored = self.restore_step(step, abstract_params=abstract_params,
+                                   abstract_opt_state=abstract_opt_state)
+      restored["step"] = int(step)
+      return restored
+    skip = skip or {}
+    failures = [skip[s] for s in reversed(steps) if s in skip]
+    bad = [s for s in reversed(steps) if s in skip]
+    candidates = [s for s in reversed(steps) if s not in skip]
+    for i, candidate in enumerate(candidates):
       try:
-        return self.restore_step(candidate, abstract_params=abstract_params,
-                                 abstract_opt_state=abstract_opt_state)
+        restored = self.restore_step(candidate, abstract_params=abstract_params,
+                                     abstract_opt_state=abstract_opt_state)
       except CorruptCheckpointError as e:
         failures.append(str(e))
-        warnings.warn(f"{e} Trying the previous checkpoint.", RuntimeWarning, stacklevel=2)
+        bad.append(candidate)
+        if i + 1 < len(candidates) and not quarantine:
+          warnings.warn(f"{e} Trying the previous checkpoint, step {candidates[i + 1]}.",
+                        RuntimeWarning, stacklevel=2)
+        continue
+      if quarantine:
+        for bad_step, reason in zip(bad, failures, strict=True):
+          if bad_step < candidate:
+            continue   # older than the step resumed from: never overwritten, leave it
+          moved = self.move_aside(bad_step)
+          warnings.warn(
+              f"{reason} Moved it aside to {moved.name} (kept, not deleted); resuming from "
+              f"step {candidate}, and step {bad_step} will be saved again.",
+              RuntimeWarning, stacklevel=2)
+      restored["step"] = int(candidate)
+      return restored
     raise CheckpointError(
         f"no valid checkpoint in {self.directory}; tried steps {list(reversed(steps))}:\n  "
-        + "\n  ".join(failures))
+        + "\n  ".join(failures) + (f"\nDetails in {self.log_file}." if self.log_file else ""))
 
-  def newest_readable_config(self) -> tuple[int, dict]:
-    """(step, config JSON) of the newest step whose config item reads."""
-    if not self.all_steps():
+  def move_aside(self, step: int) -> Path:
+    """Renames step `step` to `<step>.corrupt` (`.corrupt-2`, ... if taken); the new path."""
+    source = self.directory / str(step)
+    target = self.directory / f"{step}.corrupt"
+    n = 1
+    while target.exists():
+      n += 1
+      target = self.directory / f"{step}.corrupt-{n}"
+    os.rename(source, target)
+    self._manager.reload()   # orbax caches its list of steps
+    return target
+
+  def newest_readable_config(self, *, warn: bool = True) -> tuple[int, dict]:
+    """(step, config JSON) of the newest step whose config item reads.
+
+    The newer steps whose config did not read are left in `unreadable_configs`
+    ({step: reason}), for `restore_latest_valid(skip=...)`.
+    """
+    steps = list(reversed(self.all_steps()))
+    if not steps:
       raise CheckpointError(f"no checkpoint found in {self.directory}.")
     failures = []
-    for candidate in reversed(self.all_steps()):
+    self.unreadable_configs = {}
+    for i, candidate in enumerate(steps):
       try:
         return candidate, self.read_json(candidate, "config")
       except CorruptCheckpointError as e:
         failures.append(str(e))
-        warnings.warn(f"{e} Trying the previous checkpoint.", RuntimeWarning, stacklevel=2)
+        self.unreadable_configs[candidate] = str(e)
+        if warn and i + 1 < len(steps):
+          warnings.warn(f"{e} Trying the previous checkpoint, step {steps[i + 1]}.",
+                        RuntimeWarning, stacklevel=2)
     raise CheckpointError(f"no readable checkpoint config in {self.directory}: {failures}")
 
 
@@ -291,6 +530,21 @@ def _verify(where: str, name: str, meta: dict, tree) -> None:
           "time (the files were modified or damaged after saving).")
 
 
-def _short(e: Exception, limit: int = 300) -> str:
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def _cause(e: BaseException) -> BaseException:
+  """The innermost OSError under orbax's wrappers (else `e`)."""
+  seen = e
+  while seen is not None:
+    if isinstance(seen, OSError):
+      return seen
+    seen = seen.__cause__ or seen.__context__
+  return e
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
   text = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+  # tensorstore appends a bound-method repr of its spec: noise on a terminal.
+  text = text.split(" See full TensorStore details")[0].rstrip(".")
   return text if len(text) <= limit else text[:limit] + "..."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, Literal, get_args
 
 import jax.numpy as jnp
@@ -69,7 +70,21 @@ class LngramConfig:
 
   def __post_init__(self):
     # Normalise `orders` so lists from config files hash and compare.
+    if not isinstance(self.orders, (tuple, list)) or not all(
+        _is_int(n) for n in self.orders):
+      raise ValueError(f"LngramConfig: orders={self.orders!r} must be a tuple of ints.")
     object.__setattr__(self, "orders", tuple(int(n) for n in self.orders))
+    for name in ("sink_mass", "surrogate_tau", "surrogate_scale", "eps", "init_std",
+                 "table_init_std"):
+      _finite(name, getattr(self, name))
+    if self.init_std < 0 or self.table_init_std < 0:
+      raise ValueError(f"LngramConfig: init_std={self.init_std} and table_init_std="
+                       f"{self.table_init_std} must be >= 0.")
+    if not _is_int(self.bits):
+      raise ValueError(f"LngramConfig: bits={self.bits!r} must be an int in [1, 8].")
+    if self.conv_dilation is not None and not _is_int(self.conv_dilation):
+      raise ValueError(f"LngramConfig: conv_dilation={self.conv_dilation!r} must be None "
+                       "or an int >= 1.")
     _positive("d_model", self.d_model)
     _positive("routes", self.routes)
     _positive("mem_dim", self.mem_dim)
@@ -182,6 +197,16 @@ class LngramConfig:
 def sink_logit(routes: int, sink_mass: float) -> float:
   """The fixed sink logit b0 = log(R(1-μ0)/μ0) (paper §2.4)."""
   return math.log(routes * (1.0 - sink_mass) / sink_mass)
+
+
+def _is_int(value) -> bool:
+  # numbers.Integral: numpy integers too (orders from arrays), never bools.
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise ValueError(f"LngramConfig: {name}={value!r} must be a finite number.")
 
 
 def _positive(name: str, value: int) -> None:

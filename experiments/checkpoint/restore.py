@@ -23,8 +23,13 @@ from lngram_jax.checkpoint import Checkpointer, CheckpointError
 
 
 def run_checkpointer(workdir, **kwargs) -> Checkpointer:
-  """The Checkpointer of a run directory (`<workdir>/checkpoints`)."""
-  return Checkpointer(Path(workdir).expanduser().resolve() / "checkpoints", **kwargs)
+  """The Checkpointer of a run directory (`<workdir>/checkpoints`).
+
+  The full text of checkpoint read/save failures goes to `<workdir>/checkpoints.log`.
+  """
+  workdir = Path(workdir).expanduser().resolve()
+  kwargs.setdefault("log_file", workdir / "checkpoints.log" if workdir.is_dir() else None)
+  return Checkpointer(workdir / "checkpoints", **kwargs)
 
 
 def build_trained(saved: dict, rngs: nnx.Rngs):
@@ -49,7 +54,11 @@ def build_trained(saved: dict, rngs: nnx.Rngs):
 
 
 def restore_module(workdir, step: int | None = None, *, device=None):
-  """(model, saved config JSON, step) of the run in `workdir`; see `restore`."""
+  """(model, saved config JSON, step restored) of the run in `workdir`; see `restore`.
+
+  The third value is the step actually restored (the CLI's `eval`/`sample`
+  print it); a missing `step` raises `MissingStepError` listing the steps on disk.
+  """
   ckpt = run_checkpointer(workdir, async_save=False, create=False)
   try:
     if step is None:
@@ -67,7 +76,8 @@ def restore_module(workdir, step: int | None = None, *, device=None):
     legacy = saved.get("kind", "lm") == "lm" and "lngram_layers" in saved["model"]
     if legacy:
       abstract_params = _rename_block_key(abstract_params, "memory", "lngram")
-    restored = ckpt.restore_latest_valid(abstract_params=abstract_params, step=step)
+    restored = ckpt.restore_latest_valid(abstract_params=abstract_params, step=step,
+                                         skip=ckpt.unreadable_configs)
     if legacy:
       restored["params"] = _rename_block_key(restored["params"], "lngram", "memory")
   finally:
@@ -105,7 +115,11 @@ def restore(workdir, step: int | None = None, *, device=None):
     model: a `DecoderLM` (LM runs) or a `VLM` (VLM runs) with the trained
       parameters.
     config: the run's experiment config (ml_collections.ConfigDict); the
-      model config is `model.config`.
+      model config is `model.config`, and `config.restored_step` is the
+      checkpoint step actually restored (the newest VALID one when `step` is
+      None: a corrupt newest step is skipped with a warning).
   """
-  model, saved, _ = restore_module(workdir, step, device=device)
-  return model, ml_collections.ConfigDict(saved["experiment"])
+  model, saved, found = restore_module(workdir, step, device=device)
+  config = ml_collections.ConfigDict(saved["experiment"])
+  config.restored_step = int(found)
+  return model, config

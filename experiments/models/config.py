@@ -10,6 +10,8 @@ experiment config (experiments/configs/*.py) into an LMConfig.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 import jax.numpy as jnp
@@ -21,13 +23,20 @@ _FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def _dtype(field: str, value) -> jnp.dtype:
+  if value is None or isinstance(value, (bool, int, float)):
+    raise ValueError(f"LMConfig: {field}={value!r} is not a dtype.")
   try:
     dtype = jnp.dtype(value)
-  except TypeError as e:
+  except (TypeError, ValueError) as e:
     raise ValueError(f"LMConfig: {field}={value!r} is not a dtype.") from e
   if dtype.name not in _FLOAT_DTYPES:
     raise ValueError(f"LMConfig: {field}={dtype.name!r} is not one of {_FLOAT_DTYPES}.")
   return dtype
+
+
+def _finite(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise ValueError(f"LMConfig: {name}={value!r} must be a finite number.")
 
 
 def _positive(name: str, value) -> None:
@@ -85,6 +94,11 @@ class LMConfig:
     for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                  "max_len", "vocab_size"):
       _positive(name, getattr(self, name))
+    for name in ("rope_theta", "norm_eps", "init_std"):
+      _finite(name, getattr(self, name))
+    for name in ("tie_embeddings", "remat"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"LMConfig: {name}={getattr(self, name)!r} must be a bool.")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
           f"LMConfig: n_heads={self.n_heads} must be a multiple of "
@@ -102,7 +116,12 @@ class LMConfig:
       self._check_slot(slot, layers_field, config_field)
 
   def _check_slot(self, slot: str, layers_field: str, config_field: str) -> None:
-    layers = tuple(int(i) for i in getattr(self, layers_field))
+    layers = getattr(self, layers_field)
+    if not isinstance(layers, (tuple, list)) or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in layers):
+      raise ValueError(f"LMConfig: {layers_field}={layers!r} must be a tuple of layer "
+                       "indices (ints).")
+    layers = tuple(int(i) for i in layers)
     object.__setattr__(self, layers_field, layers)
     bad = [i for i in layers if not 0 <= i < self.n_layers]
     if bad:

@@ -17,19 +17,40 @@ def evaluate_run(workdir, *, step: int | None = None, max_batches: int | None = 
   Data settings come from the run's saved config; `max_batches` overrides
   data.eval_batches. An LM command: a VLM run is evaluated by `analyze`.
   """
+  return evaluate_checkpoint(workdir, step=step, max_batches=max_batches)[0]
+
+
+def evaluate_checkpoint(workdir, *, step: int | None = None,
+                        max_batches: int | None = None) -> tuple[dict, int]:
+  """(`evaluate_run`'s metrics, the checkpoint step they come from)."""
   import ml_collections
 
   from experiments.data import eval_batches, load_corpus  # needs grain
   from experiments.train.lm_task import evaluate_model
 
-  model, saved, _ = restore_module(workdir, step)
+  model, saved, used_step = restore_module(workdir, step)
   require_lm(saved, workdir, "eval")
   config = ml_collections.ConfigDict(saved["experiment"])
   dc = config.data
   corpus = load_corpus(corpus_spec(config))
   batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                          max_batches=max_batches or dc.eval_batches)
-  return evaluate_model(model, batches)
+  return evaluate_model(model, batches), used_step
+
+
+def cap_new_tokens(max_len: int, prompts: list[str], asked: int) -> tuple[int, str]:
+  """(new tokens the model can hold after the longest prompt, a note if that is < asked)."""
+  if asked < 1:
+    raise ValueError(f"max_new_tokens={asked} must be >= 1.")
+  longest = max(encode(p).size for p in prompts)
+  room = max_len - longest
+  if room < 1:
+    raise ValueError(f"the prompt is {longest} bytes, and the model holds at most "
+                     f"max_len={max_len} tokens; use a shorter --prompt.")
+  if asked <= room:
+    return asked, ""
+  return room, (f"max_new_tokens={asked} capped to {room}: the model holds max_len={max_len} "
+                f"tokens and the longest prompt is {longest} bytes.")
 
 
 def require_lm(saved: dict, workdir, command: str) -> None:

@@ -16,7 +16,17 @@
     the end:      the task's `finish` (VLM: accuracy by length, metrics.json)
 
 Rerunning with the same workdir resumes from the newest valid checkpoint and
-continues bit for bit as if the run had not stopped.
+continues bit for bit as if the run had not stopped. Around that:
+  - the workdir is locked (`<workdir>/.lock`, experiments/checkpoint/lock.py)
+    for the whole run: a second `train` there raises WorkdirLockedError;
+  - the saved config JSON is compared with the requested one before any array
+    is read: another model -> ConfigMismatchError (the differing fields, what to
+    do); a changed optimiser/schedule/`train.steps` is refused the same way
+    unless `train.allow_config_change` is true, and then logged one line each;
+  - corrupt steps newer than the one resumed from are renamed `<step>.corrupt`
+    (kept, never deleted) so training saves them again; one warning each;
+  - a failed save (disk full, read-only) raises CheckpointSaveError naming the
+    step and cause; the previous checkpoint stays the latest.
 """
 
 from __future__ import annotations
@@ -34,11 +44,17 @@ import numpy as np
 from flax import nnx
 
 from experiments.checkpoint import run_checkpointer
+from experiments.checkpoint.lock import WorkdirLock
 from experiments.train import optimizer as optim_lib
 from experiments.train import step as step_lib
 from experiments.train import writers
 from experiments.train.task import Task, make_task
-from lngram_jax.checkpoint import Checkpointer
+from lngram_jax.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    ConfigMismatchError,
+    config_diff,
+)
 
 log = logging.getLogger("experiments")
 
@@ -67,9 +83,18 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
   Raises:
     FloatingPointError: a metric became NaN/Inf (names the step and metric);
       checkpoints already on disk are kept.
+    WorkdirLockedError: another training holds the workdir.
+    ConfigMismatchError: the workdir holds a run of another model, or of
+      another optimiser/schedule/steps (see `train.allow_config_change`).
+    CheckpointSaveError: a checkpoint could not be written.
   """
   workdir = Path(workdir).expanduser().resolve()
   workdir.mkdir(parents=True, exist_ok=True)
+  with WorkdirLock(workdir) as lock:
+    return _train(config, workdir, callback=callback, task=task, lock=lock)
+
+
+def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirLock) -> dict:
   tc = config.train
   task = task or make_task(config, workdir)
   total = task.total_steps
@@ -93,7 +118,7 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
 
   start = 0
   if ckpt.latest_step() is not None:
-    state, rng, start = _resume(ckpt, state, task)
+    state, rng, start = _resume(ckpt, state, task, config)
   log.info("run %s: %s; %s; %d steps in phases %s; groups %s", workdir,
            f"resuming at step {start}" if start else "new", task.description, total,
            list(task.phases), optim_lib.group_sizes(params, task.trainable))
@@ -117,6 +142,7 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
   def save(step):
     ckpt.save(step, params=state["params"], opt_state=state["opt_state"], rng=rng,
               data_state=task.batches.get_state(), config=task.saved_config)
+    lock.touch()
 
   def evaluate(step):
     result = task.evaluate(module()) if task.evaluate is not None else {}
@@ -130,6 +156,7 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
   clock = _Clock(start)
   step = start
   t0 = time.perf_counter()
+  finished = False   # a failure in flight wins over a second one from closing
   try:
     with _StopOnSignal() as stop:
       for step in range(start + 1, total + 1):
@@ -164,14 +191,19 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
           interrupted = True
           log.warning("stopped by %s after step %d; checkpoint saved.", stop.signal, step)
           break
+    finished = True
   except FloatingPointError as e:
     ckpt.wait()
     raise FloatingPointError(
         f"{e} Last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory}.") from None
   finally:
     progress.close()
-    ckpt.close()  # waits for the last asynchronous save
     writer.close()
+    try:
+      ckpt.close()  # waits for the last asynchronous save
+    except CheckpointError:
+      if finished:
+        raise
   train_seconds = time.perf_counter() - t0
   if start >= total:
     log.info("run %s already has %d of %d steps.", workdir, start, total)
@@ -198,15 +230,66 @@ def _headline(result: dict) -> str:
   return ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())[:4])
 
 
-def _resume(ckpt: Checkpointer, state, task: Task):
+# The parts of the experiment config a resume may not change silently: they
+# define the optimiser and its LR schedule (warmup + cosine over train.steps).
+_SCHEDULE_KEYS = (("optim",), ("train", "steps"), ("vlm", "stage", "curriculum"))
+
+
+def _pick(tree: dict, keys: tuple) -> object:
+  for key in keys:
+    if not isinstance(tree, dict) or key not in tree:
+      return "<absent>"
+    tree = tree[key]
+  return tree
+
+
+def _lines(diff) -> str:
+  return "; ".join(f"{path}: {old!r} -> {new!r}" for path, old, new in diff)
+
+
+def check_resume_config(directory, saved: dict, wanted: dict, allow_change: bool) -> None:
+  """Compares a checkpoint's config JSON with the requested run's (before reading arrays)."""
+  model_diff = (config_diff(saved.get("kind", "lm"), wanted.get("kind", "lm"), "kind")
+                + config_diff(saved.get("model", {}), wanted.get("model", {}), "model")
+                + config_diff(saved.get("trained") or {}, wanted.get("trained") or {},
+                              "trained"))
+  if model_diff:
+    raise ConfigMismatchError(
+        f"{directory} holds a run of a different model than the one requested: "
+        f"{_lines(model_diff)}. Train this model in a new --workdir, or pass the --config "
+        "that matches the run to resume it (the run's config: "
+        "`experiments.restore(workdir)[1]`).")
+  old, new = saved.get("experiment", {}), wanted.get("experiment", {})
+  schedule_diff = []
+  for keys in _SCHEDULE_KEYS:
+    if _pick(old, keys) == "<absent>" and _pick(new, keys) == "<absent>":
+      continue
+    schedule_diff += config_diff(_pick(old, keys), _pick(new, keys), ".".join(keys))
+  if not schedule_diff:
+    return
+  if not allow_change:
+    raise ConfigMismatchError(
+        f"resuming the run in {directory} would change its optimiser or LR schedule: "
+        f"{_lines(schedule_diff)}. Pass the --config the run was started with, or use a new "
+        "--workdir, or add --config.train.allow_config_change=True to resume with these "
+        "changes (the schedule then changes at the resume step).")
+  for path, was, now in schedule_diff:
+    log.warning("resume: %s changed %r -> %r (allowed by train.allow_config_change).",
+                path, was, now)
+
+
+def _resume(ckpt: Checkpointer, state, task: Task, config):
+  # The config JSON first: a run of another model must not get as far as a
+  # shape error in the array reads.
+  found, saved = ckpt.newest_readable_config(warn=False)   # the quarantine warns
+  check_resume_config(ckpt.directory.parent, saved, task.saved_config,
+                      bool(config.train.get("allow_config_change", False)))
   restored = ckpt.restore_latest_valid(abstract_params=abstract_like(state["params"]),
-                                       abstract_opt_state=abstract_like(state["opt_state"]))
-  saved = restored["config"]
-  if saved.get("model") != task.saved_config["model"] or (
-      saved.get("trained", {}) != task.saved_config.get("trained", {})):
-    raise ValueError(
-        f"{ckpt.directory} holds a run of a different model ({saved.get('model')}); "
-        "use a new --workdir.")
+                                       abstract_opt_state=abstract_like(state["opt_state"]),
+                                       quarantine=True, skip=ckpt.unreadable_configs)
+  if restored["step"] != found:   # fell back past the step whose config was checked
+    check_resume_config(ckpt.directory.parent, restored["config"], task.saved_config,
+                        bool(config.train.get("allow_config_change", False)))
   step = int(restored["meta"]["step"])
   task.batches.set_state(restored["data"])
   opt_state = jax.tree.unflatten(jax.tree.structure(state["opt_state"]),

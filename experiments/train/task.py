@@ -92,9 +92,156 @@ def saved_config(kind: str, config, model_config, trained: dict | None = None) -
 
 
 def make_task(config, workdir) -> Task:
-  """The task an experiment config describes: a VLM stage if it has a `vlm` block."""
+  """The task an experiment config describes: a VLM stage if it has a `vlm` block.
+
+  Bad numbers and a model larger than this machine's memory are refused here,
+  before the corpus is read or any parameter allocated.
+  """
+  check_experiment_config(config)
+  check_memory(config)
   if "vlm" in config:
     from experiments.vlm.run import vlm_task
     return vlm_task(config, workdir)
   from experiments.train.lm_task import lm_task
   return lm_task(config, workdir)
+
+
+# --- checks before anything is built ------------------------------------------------------
+
+# (field, test, what it must be): numbers a run cannot use, rejected with the field named.
+_POSITIVE_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                 "a positive int")
+_NONNEG_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+               "an int >= 0")
+_POSITIVE = (lambda v: _is_number(v) and v > 0, "a number > 0")
+_NONNEG = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
+_UNIT_OPEN = (lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)")
+_UNIT = (lambda v: _is_number(v) and 0 <= v <= 1, "in [0, 1]")
+_CHECKS = {
+    "train.steps": _POSITIVE_INT,
+    "train.log_every": _POSITIVE_INT,
+    "train.eval_every": _POSITIVE_INT,
+    "train.ckpt_every": _POSITIVE_INT,
+    "train.max_to_keep": _POSITIVE_INT,
+    "train.seed": _NONNEG_INT,
+    "data.batch_size": _POSITIVE_INT,
+    "data.seq_len": _POSITIVE_INT,
+    "data.eval_batches": _POSITIVE_INT,
+    "data.max_files": _NONNEG_INT,
+    "data.seed": _NONNEG_INT,
+    "data.val_fraction": _UNIT_OPEN,
+    "optim.lr": _POSITIVE,
+    "optim.table_lr_mult": _POSITIVE,
+    "optim.weight_decay": _NONNEG,
+    "optim.b1": _UNIT_OPEN,
+    "optim.b2": _UNIT_OPEN,
+    "optim.eps": _POSITIVE,
+    "optim.warmup_steps": _NONNEG_INT,
+    "optim.warmup_frac": _UNIT_OPEN,
+    "optim.min_lr_ratio": _UNIT,
+    "optim.clip_norm": _NONNEG,
+}
+
+
+def _is_number(value) -> bool:
+  import math
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def check_experiment_config(config) -> None:
+  """Rejects numbers a run cannot use (steps <= 0, a negative LR, ...), naming the field.
+
+  Fields a config does not have are skipped (the LM and VLM configs differ);
+  the model block is checked by its own config class (`lm_config`, `vlm_config`).
+  """
+  for field, (ok, what) in _CHECKS.items():
+    block, _, name = field.partition(".")
+    if block not in config or name not in config[block]:
+      continue
+    value = config[block][name]
+    if not ok(value):
+      raise ValueError(f"{field}={value!r} must be {what}.")
+  if "vlm" not in config and "model" in config and "data" in config:
+    seq_len, max_len = config.data.get("seq_len"), config.model.get("max_len")
+    if isinstance(max_len, int) and seq_len > max_len:
+      raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={max_len}.")
+
+
+# --- memory estimate ----------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str, field: str = "max_memory") -> int:
+  """'8GiB', '512MB', '1e9' -> bytes."""
+  import re
+  match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+  unit = match and match.group(2).lower()
+  if not match or unit not in _UNITS:
+    raise ValueError(f"{field}={text!r} is not a size like 8GiB, 512MB or 1e9.")
+  try:
+    value = float(match.group(1)) * _UNITS[unit]
+  except ValueError:
+    raise ValueError(f"{field}={text!r} is not a size like 8GiB, 512MB or 1e9.") from None
+  if not value > 0:
+    raise ValueError(f"{field}={text!r} must be > 0.")
+  return int(value)
+
+
+def format_bytes(n: float) -> str:
+  for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{int(n)} B"
+
+
+def machine_memory() -> int | None:
+  """Physical memory of this machine in bytes (None where the OS does not say)."""
+  import os
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def param_bytes(config) -> int:
+  """Bytes of the model's parameters, from shapes alone (nnx.eval_shape: no arrays)."""
+  import jax
+  if "vlm" in config:
+    from experiments.vlm.config import vlm_config
+    from experiments.vlm.model import VLM
+    model_config = vlm_config(config)
+    build = lambda: VLM(model_config, rngs=nnx.Rngs(0))  # noqa: E731
+  else:
+    from experiments.models import DecoderLM
+    from experiments.models.config import lm_config
+    model_config = lm_config(config)
+    build = lambda: DecoderLM(model_config, rngs=nnx.Rngs(0))  # noqa: E731
+  abstract = nnx.eval_shape(build)
+  leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
+  return sum(int(leaf.size) * leaf.dtype.itemsize for leaf in leaves)
+
+
+def memory_estimate(config) -> int:
+  """Bytes of parameters + AdamW state (two moments, each the size of the parameters)."""
+  return 3 * param_bytes(config)
+
+
+def check_memory(config, limit: int | None = None) -> int:
+  """Refuses a config whose parameters + optimizer state exceed `limit` (default: the
+  machine's memory) before anything is allocated; returns the estimate in bytes."""
+  need = memory_estimate(config)
+  available = machine_memory()
+  limits = [(limit, "the --max_memory limit")] if limit else []
+  if available:
+    limits.append((available, "this machine's memory"))
+  for cap, what in limits:
+    if need > cap:
+      raise ValueError(
+          f"the model needs about {format_bytes(need)} for parameters + optimizer state "
+          f"({format_bytes(need / 3)} of parameters, AdamW's two moments), more than "
+          f"{what} ({format_bytes(cap)}); shrink the model (e.g. model.memory.routes, "
+          "bits, orders, mem_dim) or raise --max_memory.")
+  return need

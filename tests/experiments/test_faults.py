@@ -1,0 +1,341 @@
+"""Checkpoints and resume under faults and mistakes (issue 11): nothing lost, one clear line.
+
+Corrupt newest step -> moved aside and saved again; a workdir of another model
+or schedule -> refused before any array is read; read failures -> one warning
+line per step; a workdir lock; a failed save -> clear error, previous step intact;
+a missing step is "missing", not "corrupt".
+"""
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.checkpoint import (
+  CheckpointError,
+  CorruptCheckpointError,
+  restore,
+  run_checkpointer,
+)
+from experiments.checkpoint.lock import OTHER_HOST_STALE_S, WorkdirLock
+from lngram_jax.checkpoint import (
+  Checkpointer,
+  CheckpointSaveError,
+  ConfigMismatchError,
+  MissingStepError,
+  WorkdirLockedError,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = "experiments/configs/lm_lngram.py:smoke"
+
+
+def _largest_file(directory: Path) -> Path:
+  return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def _flip_byte(step_dir: Path) -> None:
+  target = _largest_file(step_dir / "params")
+  data = bytearray(target.read_bytes())
+  data[len(data) // 2] ^= 0x40
+  target.write_bytes(bytes(data))
+
+
+def _truncate(step_dir: Path) -> None:
+  target = _largest_file(step_dir / "params")
+  target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+
+
+def _cli(*args, **kwargs):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONWARNINGS": ""}
+  return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, **kwargs)
+
+
+# --- 1. a corrupt newest step is moved aside and saved again -------------------------------
+
+
+def test_corrupt_newest_step_is_moved_aside_then_saved_again(smoke_run, smoke_run_copy,
+                                                             smoke_config):
+  from experiments.train import train
+  from experiments.train.evaluate import evaluate_run
+
+  reference, _ = smoke_run
+  workdir, _ = smoke_run_copy
+  _flip_byte(workdir / "checkpoints" / "2")
+  with pytest.warns(RuntimeWarning) as caught:
+    result = train(smoke_config(steps=2, ckpt_every=1, eval_every=2), workdir)
+  lines = [str(w.message) for w in caught if "corrupt" in str(w.message)]
+  assert len(lines) == 1, lines
+  assert "step 2" in lines[0] and "2.corrupt" in lines[0] and "resuming from step 1" in lines[0]
+  assert result["step"] == 2
+  assert (workdir / "checkpoints" / "2.corrupt" / "params").is_dir()   # kept, not deleted
+  with run_checkpointer(workdir, create=False) as ckpt:
+    assert ckpt.all_steps() == [1, 2]
+  # The re-saved step 2 is valid and evaluates exactly as the uninterrupted run's.
+  _, config = restore(workdir, step=2)
+  assert config.restored_step == 2
+  assert evaluate_run(workdir) == evaluate_run(reference)
+
+
+def test_move_aside_never_overwrites(tmp_path):
+  import numpy as np
+
+  with Checkpointer(tmp_path, async_save=False) as ckpt:
+    for _ in range(2):
+      ckpt.save(3, params={"w": np.ones(2, np.float32)})
+      ckpt.move_aside(3)
+    assert ckpt.all_steps() == []
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["3.corrupt", "3.corrupt-2"]
+
+
+# --- 2. a workdir of another model / schedule ----------------------------------------------
+
+
+def test_workdir_of_another_model_is_refused_before_reading_arrays(smoke_run_copy, monkeypatch):
+  from experiments.configs import load_config
+  from experiments.train import train
+
+  workdir, _ = smoke_run_copy
+
+  def no_array_reads(*args, **kwargs):
+    raise AssertionError("arrays were read before the config was compared")
+
+  monkeypatch.setattr(Checkpointer, "restore_step", no_array_reads)
+  config = load_config(f"{SMOKE},r8")
+  config.train.update(steps=2, ckpt_every=1, eval_every=2, progress=False)
+  with pytest.raises(ConfigMismatchError) as e:
+    train(config, workdir)
+  message = str(e.value)
+  assert "model.memory.routes: 4 -> 8" in message
+  assert "new --workdir" in message and "--config" in message
+  assert isinstance(e.value, CheckpointError)
+
+
+def test_changed_schedule_is_refused_unless_allowed(smoke_run_copy, smoke_config, caplog):
+  from experiments.train import train
+
+  workdir, _ = smoke_run_copy
+  config = smoke_config(steps=3, ckpt_every=1, eval_every=3)
+  config.optim.lr = 1e-3
+  with pytest.raises(ConfigMismatchError, match=r"train\.steps: 2 -> 3") as e:
+    train(config, workdir)
+  assert "optim.lr: 0.003 -> 0.001" in str(e.value)
+  assert "allow_config_change" in str(e.value)
+
+  config.train.allow_config_change = True
+  with caplog.at_level("WARNING", logger="experiments"):
+    result = train(config, workdir)
+  assert result["step"] == 3
+  changed = [r.getMessage() for r in caplog.records if "allow_config_change" in r.getMessage()]
+  assert len(changed) == 2, changed
+  assert any("train.steps changed 2 -> 3" in line for line in changed)
+
+
+# --- 3. read failures: one line per step tried, detail in a log file -----------------------
+
+
+def test_restore_names_the_step_it_used(smoke_run_copy):
+  workdir, _ = smoke_run_copy
+  _flip_byte(workdir / "checkpoints" / "2")
+  with pytest.warns(RuntimeWarning, match=r"step 2 .*previous checkpoint, step 1") as caught:
+    _, config = restore(workdir)
+  assert config.restored_step == 1
+  assert len(caught) == 1   # orbax's own warnings and logging stay off the terminal
+
+
+@pytest.mark.slow
+def test_eval_on_a_damaged_newest_step_prints_a_few_lines(smoke_run_copy):
+  workdir, _ = smoke_run_copy
+  _truncate(workdir / "checkpoints" / "2")
+  code = ("import warnings; warnings.formatwarning = lambda m, c, *a, **k: f'warning: {m}\\n'\n"
+          "from experiments.train.evaluate import evaluate_checkpoint\n"
+          f"metrics, step = evaluate_checkpoint({str(workdir)!r})\n"
+          "print('step', step, metrics['eval/bits_per_byte'])\n")
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith("step 1 ")
+  lines = [line for line in done.stderr.splitlines() if line.strip()]
+  assert len(lines) <= 3, done.stderr
+  assert "Traceback" not in done.stderr and "Event loop" not in done.stderr
+  warning = [line for line in lines if "step 2" in line]
+  assert len(warning) == 1 and "step 1" in warning[0]
+  detail = (workdir / "checkpoints.log").read_text()
+  assert "step 2" in detail and "Traceback" in detail
+
+
+# --- 4. the workdir lock -----------------------------------------------------------------
+
+
+def _write_lock(workdir: Path, pid: int, host: str, age_s: float = 0.0) -> Path:
+  path = workdir / ".lock"
+  path.write_text(json.dumps({"pid": pid, "host": host, "started": time.time() - age_s,
+                              "started_at": "then"}))
+  os.utime(path, (time.time() - age_s, time.time() - age_s))
+  return path
+
+
+def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path, caplog):
+  with WorkdirLock(tmp_path):
+    with pytest.raises(WorkdirLockedError, match=rf"pid {os.getpid()} on host"):
+      WorkdirLock(tmp_path).acquire()
+  assert not (tmp_path / ".lock").exists()   # released
+
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  _write_lock(tmp_path, dead.pid, socket.gethostname())
+  with caplog.at_level("WARNING", logger="experiments"), WorkdirLock(tmp_path) as lock:
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+  assert "stale lock" in caplog.text and "no longer running" in caplog.text
+
+  _write_lock(tmp_path, 1, "elsewhere", age_s=60)
+  with pytest.raises(WorkdirLockedError, match="host elsewhere.*new --workdir"):
+    WorkdirLock(tmp_path).acquire()
+  _write_lock(tmp_path, 1, "elsewhere", age_s=OTHER_HOST_STALE_S + 60)
+  with WorkdirLock(tmp_path):
+    pass
+
+
+@pytest.mark.slow
+def test_second_training_in_the_same_workdir_exits_2(tmp_path):
+  workdir = tmp_path / "run"
+  first = subprocess.Popen(
+      [sys.executable, "-m", "experiments", "train", f"--config={SMOKE}",
+       f"--workdir={workdir}", "--config.train.steps=100000", "--config.train.progress=False"],
+      cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 60
+    while not (workdir / ".lock").exists():
+      assert first.poll() is None and time.time() < deadline, "the first training never started"
+      time.sleep(0.1)
+    second = _cli("train", f"--config={SMOKE}", f"--workdir={workdir}",
+                  "--config.train.progress=False", timeout=120)
+    assert second.returncode == 2, second.stderr[-3000:]
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and f"pid {first.pid}" in lines[-1]
+    assert "Traceback" not in second.stderr
+    # Once in the loop (metrics written), SIGTERM saves, stops and releases the lock.
+    while not (workdir / "metrics.jsonl").exists():
+      assert first.poll() is None and time.time() < deadline + 60, "the first training died"
+      time.sleep(0.1)
+  finally:
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=120)
+  assert first.returncode in (0, 130)   # the CLI exits 130 for "stopped by a signal"
+  assert not (workdir / ".lock").exists()
+
+
+# --- 5. a failed save --------------------------------------------------------------------
+
+
+def test_failed_save_is_clear_and_keeps_the_previous_step(tmp_path, smoke_config, monkeypatch):
+  from experiments.train import train
+
+  workdir = tmp_path / "run"
+  real_save = Checkpointer.save
+
+  def save(self, step, **kwargs):
+    if step == 2:
+      # What a full disk leaves: a half-written orbax temporary step, then the error.
+      half = self.directory / "2.orbax-checkpoint-tmp-1234" / "params"
+      half.mkdir(parents=True)
+      (half / "part").write_bytes(b"\0" * 10)
+
+      def fail(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+      monkeypatch.setattr(self._manager, "save", fail)
+    return real_save(self, step, **kwargs)
+
+  monkeypatch.setattr(Checkpointer, "save", save)
+  with pytest.raises(CheckpointSaveError) as e:
+    train(smoke_config(steps=2, ckpt_every=1, eval_every=2, async_checkpoint=False), workdir)
+  message = str(e.value)
+  assert "step 2" in message and "No space left" in message and "step 1" in message
+  assert not list((workdir / "checkpoints").glob("*tmp*"))
+  assert not (workdir / ".lock").exists()
+  monkeypatch.undo()
+  with run_checkpointer(workdir, create=False) as ckpt:
+    assert ckpt.latest_step() == 1
+  assert restore(workdir)[1].restored_step == 1
+
+
+def test_async_save_failure_surfaces_as_checkpoint_error(tmp_path, monkeypatch):
+  import numpy as np
+
+  with Checkpointer(tmp_path, async_save=True) as ckpt:
+    ckpt.save(1, params={"w": np.ones(2, np.float32)})
+    ckpt.wait()
+
+    def fail():
+      raise RuntimeError("write failed") from OSError(errno.EROFS, "Read-only file system")
+
+    ckpt.save(2, params={"w": np.ones(2, np.float32)})
+    real_wait = ckpt._manager.wait_until_finished
+    real_wait()
+    monkeypatch.setattr(ckpt._manager, "wait_until_finished", fail)
+    with pytest.raises(CheckpointSaveError, match=r"step 2 .*Read-only file system"):
+      ckpt.wait()
+    monkeypatch.setattr(ckpt._manager, "wait_until_finished", real_wait)
+
+
+# --- 6. a missing step is missing, not corrupt ---------------------------------------------
+
+
+def test_missing_step_is_not_called_corrupt(smoke_run):
+  workdir, _ = smoke_run
+  with pytest.raises(MissingStepError, match=r"no checkpoint step 7 .*have \[1, 2\]") as e:
+    restore(workdir, step=7)
+  assert not isinstance(e.value, CorruptCheckpointError)
+  assert "corrupt" not in str(e.value) and "unreadable" not in str(e.value)
+
+
+# --- kill -9 in the middle of a checkpoint write, then resume -----------------------------
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_save_then_resume_is_bit_identical(tmp_path, smoke_config):
+  from experiments.train import train
+  from experiments.train.evaluate import evaluate_run
+
+  steps = 12
+  config = smoke_config(steps=steps, ckpt_every=1, eval_every=steps, max_to_keep=3)
+  reference = tmp_path / "reference"
+  train(config, reference)
+
+  workdir = tmp_path / "killed"
+  child = subprocess.Popen(
+      [sys.executable, "-m", "experiments", "train", f"--config={SMOKE}",
+       f"--workdir={workdir}", f"--config.train.steps={steps}", "--config.train.ckpt_every=1",
+       f"--config.train.eval_every={steps}", "--config.train.max_to_keep=3",
+       "--config.train.progress=False"],
+      cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  checkpoints = workdir / "checkpoints"
+  deadline = time.time() + 90
+  try:
+    # Kill as soon as a write is in flight (an orbax temporary step exists) after step 3.
+    while time.time() < deadline and child.poll() is None:
+      if checkpoints.is_dir() and any(p.name.isdigit() and int(p.name) >= 3
+                                      for p in checkpoints.iterdir()):
+        if any(".orbax-checkpoint-tmp" in p.name for p in checkpoints.iterdir()):
+          break
+      time.sleep(0.002)
+  finally:
+    child.kill()
+    child.wait()
+  assert child.returncode == -signal.SIGKILL, "the training ended before it could be killed"
+  assert (workdir / ".lock").exists()   # left behind: the next train takes it over
+
+  result = train(config, workdir)
+  assert result["step"] == steps
+  assert evaluate_run(workdir) == evaluate_run(reference)
