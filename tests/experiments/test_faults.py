@@ -223,8 +223,10 @@ def test_second_training_in_the_same_workdir_exits_2(tmp_path):
     lines = [line for line in second.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and f"pid {first.pid}" in lines[-1]
     assert "Traceback" not in second.stderr
-    # Once in the loop (metrics written), SIGTERM saves, stops and releases the lock.
-    while not (workdir / "metrics.jsonl").exists():
+    # Once in the loop (a step's metrics written: the signal handler is installed by
+    # then), SIGTERM saves, stops and releases the lock. The file alone exists earlier.
+    metrics = workdir / "metrics.jsonl"
+    while not (metrics.exists() and b"train/loss" in metrics.read_bytes()):
       assert first.poll() is None and time.time() < deadline + 60, "the first training died"
       time.sleep(0.1)
   finally:
