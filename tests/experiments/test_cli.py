@@ -3,27 +3,10 @@
 Every test starts a Python process (seconds each): all are marked slow.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import jax
 import pytest
+from cli_runner import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _cli(*args, timeout=300):
-  env = dict(os.environ)
-  # Reuse the test session's persistent compilation cache in the child.
-  env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir or ""
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
-  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-  return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-
+_cli = run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -6,14 +6,12 @@ in-process (fast).
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import pytest
+from cli_runner import run_cli
 
 from experiments import cli
 from experiments.configs import load_config
@@ -28,15 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = "--config=experiments/configs/lm_lngram.py:smoke"
 
 
-def _cli(*args, timeout=300, cwd=ROOT):
-  env = dict(os.environ)
-  env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir or ""
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
-  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-  return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-
+_cli = run_cli
 
 def _one_error_line(out, *fragments):
   """Exit status 2, stderr exactly one `error: ...` line holding every fragment."""
