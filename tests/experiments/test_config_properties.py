@@ -118,14 +118,17 @@ LNGRAM_FIELDS = {
 }
 
 
-@st.composite
-def lngram_fields(draw):
-  names = draw(st.lists(st.sampled_from(sorted(LNGRAM_FIELDS)), max_size=4, unique=True))
-  return {n: draw(LNGRAM_FIELDS[n]) for n in names}
+def some_fields(strategies):
+  """Up to 4 of the named fields, each drawn from its strategy."""
+  @st.composite
+  def draw_fields(draw):
+    names = draw(st.lists(st.sampled_from(sorted(strategies)), max_size=4, unique=True))
+    return {n: draw(strategies[n]) for n in names}
+  return draw_fields()
 
 
 @SETTINGS
-@given(lngram_fields())
+@given(some_fields(LNGRAM_FIELDS))
 def test_lngram_config_builds_or_names_the_field(fields):
   base = dict(d_model=16, routes=2, bits=2, orders=(1, 2), mem_dim=4, q_heads=2,
               kv_heads=1, head_dim=8)
@@ -162,14 +165,8 @@ LM_FIELDS = {
 }
 
 
-@st.composite
-def lm_fields(draw):
-  names = draw(st.lists(st.sampled_from(sorted(LM_FIELDS)), max_size=4, unique=True))
-  return {n: draw(LM_FIELDS[n]) for n in names}
-
-
 @SETTINGS
-@given(lm_fields())
+@given(some_fields(LM_FIELDS))
 def test_lm_config_builds_or_names_the_field(fields):
   from experiments.models.config import LMConfig
   memory = LngramConfig(d_model=16, routes=2, bits=2, orders=(1, 2), mem_dim=4, q_heads=2,
