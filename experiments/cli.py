@@ -318,14 +318,23 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None):
   """The command line: exits 0, 2 (a usage or project error) or 130 (interrupted)."""
+  import os
   try:
     status = run_main(argv)
     sys.stdout.flush()
   except BrokenPipeError:   # `lngram-exp --help | head`: the reader left; no traceback
-    import os
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     status = 1
+  if _abandoned_save_threads:
+    # orbax's threads of the failed save wait minutes for a step directory that
+    # will never exist, and Python would join them at exit. Nothing of ours is
+    # pending: the loop closed its checkpointer and released the workdir lock.
+    sys.stderr.flush()
+    os._exit(status)
   sys.exit(status)
+
+
+_abandoned_save_threads = False
 
 
 def run_main(argv: list[str] | None = None) -> int:
@@ -357,6 +366,9 @@ def run_main(argv: list[str] | None = None) -> int:
     if debug:
       raise
     print(f"error: {_one_line(e)}", file=sys.stderr)
+    from lngram_jax.checkpoint import CheckpointSaveError
+    global _abandoned_save_threads
+    _abandoned_save_threads = isinstance(e, CheckpointSaveError)
     return 2
 
 

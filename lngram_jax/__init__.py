@@ -18,7 +18,7 @@ Shape legend (DESIGN.md §1; one meaning per symbol):
   B batch, T time, S cache/history time, D model width d, R routes,
   M bits per route, C = 2^M codes per route, N the set of orders,
   Dm memory-entry width, Dr = |N|·Dm route-token width, Hq query heads,
-  Hkv KV heads, G = Hq/Hkv, Dh head dim (Hq·Dh = D), W conv taps,
+  Hkv KV heads, G = Hq/Hkv, Dh head dim (Hq·Dh may differ from D), W conv taps,
   E rows of one order's table (R·C^n), H = max order - 1 history slots,
   n one order (window length).
 """

@@ -53,6 +53,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -155,27 +156,86 @@ def quiet_reads(log_file: Path | None):
       handler.close()
 
 
+class _OrbaxLogRoute:
+  """While a Checkpointer with a log file is open, orbax's own log records
+  (through absl: errors of background save threads, with tracebacks) go to that
+  file instead of the terminal; the Checkpointer reports failures itself."""
+
+  _LOGGERS = ("absl", "orbax")
+
+  def __init__(self, handler):
+    self.handler = handler
+    self.saved = []
+    for name in self._LOGGERS:
+      logger = logging.getLogger(name)
+      self.saved.append((logger, logger.propagate))
+      logger.addHandler(handler)
+      logger.propagate = False
+
+  @classmethod
+  def install(cls, log_file: Path | None):
+    if log_file is None or not log_file.parent.is_dir():
+      return None
+    try:
+      handler = logging.FileHandler(log_file, delay=True)
+    except OSError:
+      return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    return cls(handler)
+
+  def remove(self) -> None:
+    for logger, propagate in self.saved:
+      logger.removeHandler(self.handler)
+      logger.propagate = propagate
+    self.handler.close()
+
+
+def _is_late_loop_noise(exc) -> bool:
+  return isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc)
+
+
+def _note_noise(exc) -> None:
+  if _noise_log is not None:
+    with contextlib.suppress(OSError), open(_noise_log, "a") as f:
+      f.write(f"late asyncio report after a failed read: {exc}\n")
+
+
+class _LateLoopNoise(logging.Filter):
+  """Drops asyncio's logged "Event loop is closed" reports (into the log file)."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    if _is_late_loop_noise(exc) or "Event loop is closed" in record.getMessage():
+      _note_noise(exc or record.getMessage())
+      return False
+    return True
+
+
 def _filter_late_asyncio_noise(log_file: Path | None) -> None:
   """After a failed read, orbax's abandoned asyncio work can still report
-  "Event loop is closed" from another thread, seconds later: send those reports
-  (only those) to the log file for the rest of the process."""
+  "Event loop is closed" from another thread, seconds later, through any of
+  three channels: an unraisable exception, an uncaught exception in a thread,
+  or asyncio's logger. Those reports (only those) go to the log file for the
+  rest of the process."""
   global _noise_log
   _noise_log = log_file
-  hook = sys.unraisablehook
-  if getattr(hook, "_lngram_filter", False):
+  if getattr(sys.unraisablehook, "_lngram_filter", False):
     return
+  unraisable_hook, thread_hook = sys.unraisablehook, threading.excepthook
 
-  def filtered(unraisable):
-    if isinstance(unraisable.exc_value, RuntimeError) and (
-        "Event loop is closed" in str(unraisable.exc_value)):
-      if _noise_log is not None:
-        with contextlib.suppress(OSError), open(_noise_log, "a") as f:
-          f.write(f"late asyncio report after a failed read: {unraisable.exc_value}\n")
-      return
-    hook(unraisable)
+  def unraisable(report):
+    if _is_late_loop_noise(report.exc_value):
+      return _note_noise(report.exc_value)
+    unraisable_hook(report)
 
-  filtered._lngram_filter = True
-  sys.unraisablehook = filtered
+  def thread(args):
+    if _is_late_loop_noise(args.exc_value):
+      return _note_noise(args.exc_value)
+    thread_hook(args)
+
+  unraisable._lngram_filter = True
+  sys.unraisablehook, threading.excepthook = unraisable, thread
+  logging.getLogger("asyncio").addFilter(_LateLoopNoise())
 
 
 _noise_log: Path | None = None
@@ -291,6 +351,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=create, enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._log_route = _OrbaxLogRoute.install(self.log_file)
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -326,11 +387,17 @@ class Checkpointer:
     return saved
 
   _saving: int | None = None
+  _log_route: _OrbaxLogRoute | None = None
+  _save_failed_once = False
   unreadable_configs: dict[int, str] = {}
 
   def _save_failed(self, step: int, e: BaseException) -> CheckpointSaveError:
     """Removes the half-written step and says what happened."""
     _log_failure(self.log_file, f"saving checkpoint step {step} failed:", e)
+    self._save_failed_once = True
+    # The abandoned save's coroutines are reported when collected, maybe at exit.
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
     leftovers = [p for p in self.directory.glob(f"{step}{_TMP_SUFFIX}*")]
     for path in leftovers:
       shutil.rmtree(path, ignore_errors=True)
@@ -359,6 +426,11 @@ class Checkpointer:
     finally:
       with contextlib.suppress(Exception):
         self._manager.close()
+      # After a failed save its abandoned threads keep reporting (timeouts)
+      # for a while: their records stay routed to the log file.
+      if self._log_route is not None and not self._save_failed_once:
+        self._log_route.remove()
+      self._log_route = None
 
   def __enter__(self):
     return self

@@ -30,9 +30,13 @@ class LngramConfig:
     bits: bits per route M; each route emits one of C = 2**M codes.
     orders: n-gram orders N, ascending (one table per order).
     mem_dim: width Dm of one table entry; the route token has Dr = |N|·Dm.
-    q_heads, kv_heads, head_dim: the grouped-query readout (Hq·dh = d).
+    q_heads, kv_heads, head_dim: the grouped-query readout; W_Q is
+      [d, Hq·dh] and W_O [Hq·dh, d], so Hq·dh need not equal d (the paper's
+      mem256 rows of Table 3 read with 16 heads of 256 at d = 2048).
     sink_mass: μ0, the initial probability mass on real routes; fixes the
       sink logit b0 = log(R(1-μ0)/μ0).
+    sink: False drops the sink (the paper's §4.2 ablation): the softmax runs
+      over the routes only, as if b0 = -inf; `sink_mass` is then unused.
     surrogate: router gradient: "exact", "onebit", "ste" or "none".
     surrogate_tau, surrogate_scale: τ and λ of the surrogate.
     conv_kernel, conv_dilation: the short causal depthwise conv (W taps);
@@ -55,6 +59,7 @@ class LngramConfig:
   kv_heads: int = 2
   head_dim: int = 128
   sink_mass: float = 0.5
+  sink: bool = True
   surrogate: Surrogate = "onebit"
   surrogate_tau: float = 1.0
   surrogate_scale: float = 1.0
@@ -80,6 +85,8 @@ class LngramConfig:
     if self.init_std < 0 or self.table_init_std < 0:
       raise ValueError(f"LngramConfig: init_std={self.init_std} and table_init_std="
                        f"{self.table_init_std} must be >= 0.")
+    if not isinstance(self.sink, bool):
+      raise ValueError(f"LngramConfig: sink={self.sink!r} must be a bool.")
     if not _is_int(self.bits):
       raise ValueError(f"LngramConfig: bits={self.bits!r} must be an int in [1, 8].")
     if self.conv_dilation is not None and not _is_int(self.conv_dilation):
@@ -109,10 +116,6 @@ class LngramConfig:
             f"LngramConfig: routes * 2**(bits*n) = {self.routes} * 2**"
             f"({self.bits}*{n}) = {rows} rows does not fit int32 row ids; "
             "use fewer routes, bits or a lower order.")
-    if self.q_heads * self.head_dim != self.d_model:
-      raise ValueError(
-          f"LngramConfig: q_heads*head_dim = {self.q_heads}*{self.head_dim}"
-          f" = {self.q_heads * self.head_dim} must equal d_model={self.d_model}.")
     if self.q_heads % self.kv_heads:
       raise ValueError(
           f"LngramConfig: q_heads={self.q_heads} must be a multiple of "
@@ -160,7 +163,14 @@ class LngramConfig:
 
   @property
   def sink_logit(self) -> float:
-    """b0 = log(R(1-μ0)/μ0): at equal zero scores the routes hold mass μ0."""
+    """b0 = log(R(1-μ0)/μ0): at equal zero scores the routes hold mass μ0.
+
+    Without a sink, -inf: exp(b0) = 0 drops the sink from every readout form
+    (their online softmax starts at max = b0, sum = 1, and the first route
+    block rescales that sum by exp(-inf) = 0) and the route mass is exactly 1.
+    """
+    if not self.sink:
+      return -math.inf
     return sink_logit(self.routes, self.sink_mass)
 
   def table_rows(self, order: int) -> int:

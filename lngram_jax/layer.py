@@ -121,11 +121,20 @@ class LngramV2(nnx.Module):
 def param_count(config: LngramConfig) -> dict[str, int]:
   """Parameters of one layer, with the paper's accounting (Table 3).
 
-  total:  every parameter, tables included.
+  total:  every parameter, tables included: Σ_n R·C^n·Dm table entries plus
+          router_w D·R·M, q_norm D, w_q D·Hq·Dh, mem_norm Dr,
+          w_kv Dr·2·Hkv·Dh, w_o Hq·Dh·D, conv_norm D and conv_kernel W·D.
   active: what one token touches: all non-table parameters plus one row of
           each order's table per route (R·|N|·Dm).
-  With two layers at d = 2048 this reproduces the paper's r16/r64/r121/r123/
-  r16-m5 totals (e.g. r64/m4/KV8: 90.203M total, 18.932M active).
+  Also "tables" and "dense" (total = tables + dense). The sink adds nothing
+  (b0 is a constant), so sink=False counts the same. Twice these numbers
+  (two layers) at d = 2048, orders (2, 3), Hq = 16, Dh = Dm = 128 (256 in the
+  mem256 rows, where Hq·Dh = 4096 ≠ d) reproduce all seven rows of the
+  paper's Table 3 to the printed 0.001M: r16/m4/KV8 35.939M / 18.121M,
+  r64/m4/KV8 90.203M / 18.932M, r23/m4/KV8/mem256 89.400M / 38.175M,
+  r512/m4/KV8/mem256 1187.014M / 46.687M, r16/m5/KV2 155.804M / 17.400M,
+  r123/m4/KV2 156.115M / 19.143M, r121/m4/KV16 155.689M / 20.944M (total /
+  active; tests/lngram_jax/test_layer.py).
   """
   c = config
   d, Dr = c.d_model, c.route_dim

@@ -7,6 +7,10 @@ For query head a (KV head κ(a) = a // G) at one position:
 
 The sink has the fixed logit b0 and a zero value, so 1 - Σ_r α_r is the mass the
 head puts on "read nothing". Softmax statistics are in float32 (or wider).
+Without a sink (`LngramConfig(sink=False)`) b0 = -inf: exp(b0) = 0, so every
+form below, the kernels included, is the plain softmax over the routes with no
+special case (each online softmax starts at max = -inf, sum = 1, and the
+first route block rescales that sum by exp(-inf - max) = 0).
 
 Forms, all given (q, x̂, W_K, W_V) with K = x̂W_K, V = x̂W_V:
   literal    materialises K, V: [B, T, R, Hkv, dh] (`sink_readout` on them);
@@ -74,7 +78,7 @@ def _sink_softmax(s_xR, sink_logit):
 
 
 def route_mass_from_lse(lse, sink_logit):
-  """Σ_r α_r = 1 - exp(b0 - lse): the probability mass on real routes."""
+  """Σ_r α_r = 1 - exp(b0 - lse): the probability mass on real routes (1 if b0 = -inf)."""
   return 1.0 - jnp.exp(sink_logit - lse)
 
 

@@ -1,11 +1,13 @@
-"""Training throughput on this machine: lm_baseline vs lm_lngram, same run.
+"""Training throughput on this machine: every memory arm against lm_baseline and lm_lngram, same run.
 
     python -m experiments.bench.train --steps=20 --repeats=3
+    python -m experiments.bench.train --models=lm_baseline,lm_lngram
 
-Both models train on the same batches of the embedded corpus with their
-default configs (or `--args=smoke`); timing rounds alternate between the
-two (A B A B ...) so load from other processes hits both alike. Reports the
-median tokens/s of each and their ratio; compile time is excluded.
+The models train on the same batches of the embedded corpus with their
+default configs (or `--args=smoke`); timing rounds alternate between them
+(A B C ... A B C ...) so load from other processes hits all alike. Reports
+the median tokens/s of each and its ratio to lm_baseline and to lm_lngram
+(JSON, then a markdown table); compile time is excluded.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ from experiments.train import step as step_lib
 from experiments.train.lm_task import lm_loss
 
 CONFIGS = {"lm_baseline": "experiments/configs/lm_baseline.py",
-           "lm_lngram": "experiments/configs/lm_lngram.py"}
+           "lm_lngram": "experiments/configs/lm_lngram.py",
+           "lm_pkm": "experiments/configs/lm_pkm.py",
+           "lm_engram": "experiments/configs/lm_engram.py",
+           "lm_lngram_v1": "experiments/configs/lm_lngram_v1.py",
+           "lm_sparse_ffn": "experiments/configs/lm_sparse_ffn.py"}
 
 
 def _runner(config, batches):
@@ -61,10 +67,16 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=20, help="steps per timing round")
   parser.add_argument("--repeats", type=int, default=3, help="timing rounds per model")
-  parser.add_argument("--args", default="", help="config arg for both files, e.g. smoke")
+  parser.add_argument("--args", default="", help="config arg for every file, e.g. smoke")
+  parser.add_argument("--models", default=",".join(CONFIGS),
+                      help=f"comma-separated subset of {list(CONFIGS)}")
   ns = parser.parse_args(argv)
-  configs = {name: load_config(f"{path}:{ns.args}" if ns.args else path)
-             for name, path in CONFIGS.items()}
+  names = [n for n in ns.models.split(",") if n]
+  unknown = sorted(set(names) - set(CONFIGS))
+  if unknown:
+    parser.error(f"unknown --models {unknown}; choose from {list(CONFIGS)}")
+  configs = {name: load_config(f"{CONFIGS[name]}:{ns.args}" if ns.args else CONFIGS[name])
+             for name in names}
   first = next(iter(configs.values()))
   corpus = load_corpus(corpus_spec(first))
   data = TrainIterator(corpus, seq_len=first.data.seq_len, batch_size=first.data.batch_size,
@@ -85,10 +97,24 @@ def main(argv=None):
       "jax": jax.__version__, "steps": ns.steps, "repeats": ns.repeats,
       "tokens_per_step": first.data.batch_size * first.data.seq_len,
       "tokens_per_s": {k: round(v, 1) for k, v in tok_s.items()},
-      "ratio_lngram_over_baseline": round(tok_s["lm_lngram"] / tok_s["lm_baseline"], 3),
   }
+  for ref in ("lm_baseline", "lm_lngram"):
+    if ref in tok_s:
+      result[f"ratio_over_{ref}"] = {k: round(v / tok_s[ref], 3) for k, v in tok_s.items()}
   print(json.dumps(result, indent=1))
+  print(markdown(result))
   return result
+
+
+def markdown(result: dict) -> str:
+  """The result as a markdown table: tokens/s and the two ratios per model."""
+  refs = [r for r in ("lm_baseline", "lm_lngram") if f"ratio_over_{r}" in result]
+  head = "| model | tokens/s | " + " | ".join(f"÷ {r}" for r in refs) + " |"
+  lines = [head, "|---|---:|" + "---:|" * len(refs)]
+  for name, value in result["tokens_per_s"].items():
+    ratios = " | ".join(f"{result[f'ratio_over_{r}'][name]:.3f}" for r in refs)
+    lines.append(f"| {name} | {value:.0f} | {ratios} |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import socket
 import time
 from pathlib import Path
 
-from lngram_jax.checkpoint import WorkdirLockedError
+from lngram_jax.checkpoint import CheckpointError, WorkdirLockedError
 
 log = logging.getLogger("experiments")
 LOCK_NAME = ".lock"
@@ -37,6 +37,10 @@ def _pid_alive(pid: int) -> bool:
   except PermissionError:   # alive, owned by someone else
     return True
   return True
+
+
+class WorkdirNotWritableError(CheckpointError):
+  """The run directory cannot be written (read-only, no permission, full)."""
 
 
 class WorkdirLock:
@@ -72,7 +76,13 @@ class WorkdirLock:
 
   def _try_create(self) -> bool:
     tmp = self.path.with_name(f"{LOCK_NAME}.{self.info['pid']}.tmp")
-    tmp.write_text(json.dumps(self.info))
+    try:
+      tmp.write_text(json.dumps(self.info))
+    except OSError as e:
+      raise WorkdirNotWritableError(
+          f"cannot write in the workdir {self.path.parent} ({e.strerror or e}): training "
+          "writes its lock, metrics and checkpoints there. Make it writable or train in "
+          "another --workdir; `eval` and `sample` only read it.") from e
     try:
       os.link(tmp, self.path)
       return True

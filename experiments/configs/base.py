@@ -13,6 +13,8 @@ Layout of an experiment config:
           Python standard library), split, packing, batch, shuffling seed.
   optim   AdamW, schedule, clipping, the table learning-rate multiplier.
   train   steps, logging, evaluation, checkpoints.
+  init_from  "" or the workdir of a run without memory: start from its
+          backbone, new branches at init (the paper's App. B insertion).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
                  warmup_steps=50, min_lr_ratio=0.1, clip_norm=1.0)
   c.train = dict(steps=600, seed=0, log_every=10, eval_every=200, ckpt_every=200,
                  max_to_keep=3, async_checkpoint=True, progress=True)
+  c.init_from = ""
   return c
 
 

@@ -53,6 +53,9 @@ class BranchContext:
   lengths_B: real tokens per row (prefill).
   text_mask_BxT: 1 on text positions, 0 on image positions (None: all text).
   visual_BxNvxD: the projected visual embeddings that enter the LM.
+  attn_norm_scale_D: the block's pre-attention RMSNorm weight [D] (set by the
+    block for its memory slot: Lngram v1's router reads input_layernorm(h)
+    with the layer's own norm weights).
   probe: analyses only: branches add their attention probabilities to aux and
     the block its attention probabilities (static, so it picks a program).
   """
@@ -63,6 +66,7 @@ class BranchContext:
   lengths_B: jax.Array | None = None
   text_mask_BxT: jax.Array | None = None
   visual_BxNvxD: jax.Array | None = None
+  attn_norm_scale_D: jax.Array | None = None
   probe: bool = struct.field(pytree_node=False, default=False)
 
 
@@ -291,3 +295,32 @@ def canonical(config):
 
 def make_branch(config, *, rngs: nnx.Rngs) -> Branch:
   return kind_of(config).module(config, rngs=rngs)
+
+
+def _plain_to_dict(config) -> dict:
+  """A frozen dataclass config as JSON: tuples as lists, dtypes by name."""
+  return {k: list(v) if isinstance(v, tuple) else v
+          for k, v in _dtype_names(dataclasses.asdict(config)).items()}
+
+
+def _plain_from_dict(cls):
+  build = _dataclass_from_dict(cls)
+  return lambda d: build({k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def arm_kind(module) -> Kind:
+  """The registry entry of a comparison arm (experiments/models/arms/<name>.py).
+
+  An arm module defines NAME (the kind), SLOT ("memory"), CONFIG (a frozen
+  dataclass whose first field is d_model) and MODULE (the branch class).
+  """
+  return Kind(module.NAME, module.SLOT, (module.CONFIG,), module.MODULE,
+              _plain_to_dict, _plain_from_dict(module.CONFIG))
+
+
+# --- the comparison arms of the Lngram paper ------------------------------------
+# Imported last: an arm module defines its config and module without this file.
+from experiments.models.arms import engram, lngram_v1, pkm, sparse_ffn  # noqa: E402
+
+for _arm in (pkm, engram, lngram_v1, sparse_ffn):
+  register(arm_kind(_arm))

@@ -93,7 +93,10 @@ class Block(nnx.Module):
     aux = {}
 
     def branch(slot, x_BxTxD):
-      y_BxTxD, out = _run_branch(getattr(self, slot), mode, x_BxTxD, ctx,
+      slot_ctx = ctx
+      if slot == "memory":
+        slot_ctx = ctx.replace(attn_norm_scale_D=self.attn_norm.scale[...])
+      y_BxTxD, out = _run_branch(getattr(self, slot), mode, x_BxTxD, slot_ctx,
                                  None if cache is None else getattr(cache, f"{slot}_state"))
       if mode == "parallel":
         aux.update({f"{slot}/{name}": v for name, v in out.items()})

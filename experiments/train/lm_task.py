@@ -2,8 +2,11 @@
 
 Loss: mean cross entropy in nats over tokens whose target lies in the same
 document (`loss_mask`); bits per byte = nats / ln 2, since a token is a byte.
-Evaluation: validation bits per byte over fixed batches, plus the Lngram
-diagnostics of every memory layer (experiments/train/lngram_metrics.py).
+Evaluation: validation bits per byte over fixed batches, plus the diagnostics
+of every memory layer (experiments/train/lngram_metrics.py for Lngram v2,
+experiments/train/memory_metrics.py for the comparison arms). With
+`init_from` the model starts from another run's backbone
+(experiments/train/insertion.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from experiments.data import load_corpus, write_manifest
 from experiments.data.corpus import corpus_spec
 from experiments.models import DecoderLM
 from experiments.models.config import lm_config
-from experiments.train import lngram_metrics
+from experiments.train import lngram_metrics, memory_metrics
+from experiments.train.insertion import insert_into
 from experiments.train.task import Task, saved_config
 
 LN2 = math.log(2.0)
@@ -37,12 +41,19 @@ def _forward(model, batch, *, return_aux=False):
 
 
 def lm_loss(model, batch):
-  """The loss hook: (mean nats over loss_mask, {"train/bits_per_byte"})."""
-  logits_BxTxV = _forward(model, batch)
+  """The loss hook: (mean nats over loss_mask + the memory branches' aux losses,
+  {"train/bits_per_byte", their metrics}).
+
+  bits per byte is the cross entropy alone; an arm's weighted auxiliary loss
+  (the sparse FFN's balance loss) is added to what is optimised and logged as
+  `train/memory/<layer>/aux_loss` (experiments/train/memory_metrics.py).
+  """
+  logits_BxTxV, aux = _forward(model, batch, return_aux=True)
   mask_BxT = batch["loss_mask"].astype(jnp.float32)
   loss_sum = (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum()
   loss = loss_sum / jnp.maximum(mask_BxT.sum(), 1.0)
-  return loss, {"train/bits_per_byte": loss / LN2}
+  extra_loss, metrics = memory_metrics.loss_terms(aux)
+  return loss + extra_loss, {"train/bits_per_byte": loss / LN2, **metrics}
 
 
 def make_eval_step(graphdef, memory_config):
@@ -50,34 +61,42 @@ def make_eval_step(graphdef, memory_config):
 
   @jax.jit
   def evaluate(params, batch):
-    logits_BxTxV, aux = _forward(nnx.merge(graphdef, params), batch, return_aux=True)
+    model = nnx.merge(graphdef, params)
+    logits_BxTxV, aux = _forward(model, batch, return_aux=True)
     mask_BxT = batch["loss_mask"].astype(jnp.float32)
     sums = {"loss_sum": (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum(),
             "tokens": mask_BxT.sum()}
+    # Padding rows of the last eval batch have segment id 0.
+    valid_BxT = batch["segment_ids"] > 0
     if lngram_metrics.lngram_layers(aux):
-      # Padding rows of the last eval batch have segment id 0.
-      valid_BxT = batch["segment_ids"] > 0
       sums["lngram"] = lngram_metrics.accumulate_stats(
           aux, memory_config, batch["segment_ids"], valid_BxT)
+    arm_sums = memory_metrics.accumulate(model, aux, valid_BxT)
+    if arm_sums:
+      sums["arms"] = arm_sums
     return sums
 
   return evaluate
 
 
-def evaluate_batches(eval_step, params, batches) -> dict[str, float]:
-  """Validation loss (nats and bits per byte) and Lngram metrics over `batches`."""
+def evaluate_batches(eval_step, params, batches, memory_config=None) -> dict[str, float]:
+  """Validation loss (nats and bits per byte) and memory-branch metrics over `batches`."""
   loss_sum = tokens = 0.0
-  lngram_stats = None
+  lngram_stats = arm_stats = None
   for batch in batches:
     sums = jax.device_get(eval_step(params, batch))
     loss_sum += float(sums["loss_sum"])
     tokens += float(sums["tokens"])
     if "lngram" in sums:
       lngram_stats = lngram_metrics.merge_stats(lngram_stats, sums["lngram"])
+    if "arms" in sums:
+      arm_stats = memory_metrics.merge(arm_stats, sums["arms"])
   loss = loss_sum / max(tokens, 1.0)
   out = {"eval/loss": loss, "eval/bits_per_byte": loss / LN2, "eval/tokens": tokens}
   if lngram_stats is not None:
     out |= lngram_metrics.summarise(lngram_stats)
+  if arm_stats is not None:
+    out |= memory_metrics.summarise(memory_config, arm_stats)
   return out
 
 
@@ -85,7 +104,7 @@ def evaluate_model(model, batches) -> dict[str, float]:
   """`evaluate_batches` for a DecoderLM (one compiled eval step per model structure)."""
   graphdef, params = nnx.split(model, nnx.Param)
   step = make_eval_step(graphdef, model.config.memory)
-  return evaluate_batches(step, nnx.to_pure_dict(params), batches)
+  return evaluate_batches(step, nnx.to_pure_dict(params), batches, model.config.memory)
 
 
 def lm_task(config, workdir) -> Task:
@@ -102,16 +121,21 @@ def lm_task(config, workdir) -> Task:
   val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                              max_batches=dc.eval_batches)
   model = DecoderLM(model_cfg, rngs=nnx.Rngs(params=config.train.seed))
+  inserted = ""
+  if config.get("init_from", ""):
+    info = insert_into(model, config.init_from)
+    inserted = (f"; backbone from {info['source']} step {info['step']} ({info['copied']} "
+                f"arrays), {info['fresh']} new arrays at init")
   graphdef, _ = nnx.split(model, nnx.Param)
   eval_step = make_eval_step(graphdef, model_cfg.memory)
 
   def evaluate(module):
     return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),
-                            val_batches)
+                            val_batches, model_cfg.memory)
 
   return Task(
       kind="lm", module=model, saved_config=saved_config("lm", config, model_cfg),
       batches=batches, loss=lm_loss, optim=config.optim, phases=(config.train.steps,),
       evaluate=evaluate, tokens_per_step=dc.batch_size * dc.seq_len,
       description=(f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation "
-                   "bytes"))
+                   f"bytes{inserted}"))

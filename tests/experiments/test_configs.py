@@ -11,7 +11,12 @@ from experiments.vlm.config import VLMConfig, vlm_config
 from lngram_jax.config import SURROGATES
 
 FILES = [p.name for p in config_files()]
-ARGS = {"lm_lngram.py": ["", "smoke", "r64,onebit", "r16,ste,smoke", "none"],
+ARGS = {"lm_lngram.py": ["", "smoke", "r64,onebit", "r16,ste,smoke", "none",
+                         "nosink,r23,m4,kv2,mem64"],
+        "lm_pkm.py": ["", "smoke", "gated,smoke", "keys64,top8"],
+        "lm_engram.py": ["", "smoke", "zeroinit,nofold,base4099", "smoke,zeroinit"],
+        "lm_lngram_v1.py": ["", "smoke", "exact,mem8", "none,smoke"],
+        "lm_sparse_ffn.py": ["", "smoke", "matched-to=r64", "matched-to=r64,dense,smoke"],
         "lm_baseline.py": ["", "smoke"],
         "vlm_base.py": ["", "smoke", "s3"],
         "vlm_pvm_sft.py": ["", "smoke", "mlp", "hidden,d32,l0.2", "none,smoke"],
@@ -88,7 +93,7 @@ def test_config_file_surrogates_are_the_library_s():
 @pytest.mark.parametrize("field, value, match", [
     ("surrogate", "softmax", "model.memory.surrogate='softmax' is not one of"),
     ("readout", "fast", "model.memory.readout='fast' is not one of"),
-    ("kind", "pkm", "model.memory.kind='pkm' is not one of"),
+    ("kind", "nope", "model.memory.kind='nope' is not one of"),
 ])
 def test_conversion_names_the_bad_key(field, value, match):
   config = _load("lm_lngram.py", "smoke")

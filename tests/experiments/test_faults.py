@@ -9,6 +9,7 @@ a missing step is "missing", not "corrupt".
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -172,6 +173,45 @@ def test_eval_on_a_damaged_newest_step_prints_a_few_lines(smoke_run_copy):
   assert "step 2" in detail and "Traceback" in detail
 
 
+def test_late_event_loop_reports_stay_off_the_terminal(tmp_path):
+  """After a failed read, orbax's abandoned asyncio work may report "Event loop is
+  closed" late, through an unraisable exception, an uncaught thread exception or
+  asyncio's logger: all three go to the log file, and other errors still show."""
+  log = tmp_path / "checkpoints.log"
+  code = f"""
+import logging, threading
+from pathlib import Path
+from lngram_jax.checkpoint import _filter_late_asyncio_noise
+_filter_late_asyncio_noise(Path({str(log)!r}))
+
+def closed():
+  raise RuntimeError("Event loop is closed")
+
+def other():
+  raise ValueError("a real bug")
+
+for target in (closed, other):
+  thread = threading.Thread(target=target)
+  thread.start()
+  thread.join()
+logging.getLogger("asyncio").error("Exception in callback", exc_info=(
+    RuntimeError, RuntimeError("Event loop is closed"), None))
+
+class Finalised:
+  def __del__(self):
+    closed()
+
+Finalised()
+print("done")
+"""
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                        text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+  assert "Event loop" not in done.stderr, done.stderr
+  assert "ValueError: a real bug" in done.stderr
+  assert log.read_text().count("late asyncio report") == 3
+
+
 # --- 4. the workdir lock -----------------------------------------------------------------
 
 
@@ -288,6 +328,70 @@ def test_async_save_failure_surfaces_as_checkpoint_error(tmp_path, monkeypatch):
     with pytest.raises(CheckpointSaveError, match=r"step 2 .*Read-only file system"):
       ckpt.wait()
     monkeypatch.setattr(ckpt._manager, "wait_until_finished", real_wait)
+
+
+def _read_only_prefix(directory: Path) -> list[str] | None:
+  """A command prefix under which `directory` is read-only (a read-only bind mount in a
+  private mount namespace), or None where this machine cannot make one."""
+  script = ('mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && '
+            '! touch "$0/.probe" 2>/dev/null && exec "$@"')
+  prefix = ["unshare", "-m", "sh", "-c", script, str(directory)]
+  try:
+    probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30)
+  except (FileNotFoundError, subprocess.TimeoutExpired):
+    return None
+  return prefix if probe.returncode == 0 else None
+
+
+def _cli_read_only(directory: Path, *args):
+  prefix = _read_only_prefix(directory)
+  if prefix is None and os.geteuid() != 0:
+    directory.chmod(0o555)   # enough for a non-root user
+    try:
+      return _cli(*args, timeout=300)
+    finally:
+      directory.chmod(0o755)
+  if prefix is None:
+    pytest.skip("this machine cannot make a read-only directory for root (no mount "
+                "namespaces); the simulated ENOSPC/EROFS tests above still run")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONWARNINGS": ""}
+  return subprocess.run([*prefix, sys.executable, "-m", "experiments", *args], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=300)
+
+
+_RESUME_SMOKE_RUN = ("--config.train.steps=3", "--config.train.ckpt_every=1",
+                     "--config.train.eval_every=2", "--config.train.progress=False",
+                     "--config.train.allow_config_change=True")
+
+
+def test_read_only_checkpoints_dir_fails_the_save_clearly(smoke_run_copy):
+  """A real read-only directory (not a simulated error): the save of step 3 fails with one
+  `error:` line, nothing half-written is left, and step 2 is still what restores."""
+  workdir, _ = smoke_run_copy
+  done = _cli_read_only(workdir / "checkpoints", "train", f"--config={SMOKE}",
+                        f"--workdir={workdir}", *_RESUME_SMOKE_RUN)
+  assert done.returncode == 2, done.stderr[-3000:]
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "could not save checkpoint step 3" in errors[0], done.stderr
+  assert "step 2) is intact" in errors[0]
+  assert "Traceback" not in done.stderr and "ERROR:absl" not in done.stderr, done.stderr
+  # Besides the run's own timestamped progress lines, only the error line.
+  other = [line for line in done.stderr.splitlines()
+           if not line.startswith("error:") and not re.match(r"\d\d:\d\d:\d\d ", line)]
+  assert not other, done.stderr
+  assert run_checkpointer(workdir, create=False).all_steps() == [1, 2]
+  assert restore(workdir)[1].restored_step == 2
+  assert "Read-only file system" in (workdir / "checkpoints.log").read_text()
+
+
+def test_read_only_workdir_is_refused_up_front(smoke_run_copy):
+  workdir, _ = smoke_run_copy
+  done = _cli_read_only(workdir, "train", f"--config={SMOKE}", f"--workdir={workdir}",
+                        *_RESUME_SMOKE_RUN)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.startswith("error: cannot write in the workdir"), done.stderr
+  assert len(done.stderr.splitlines()) == 1, done.stderr
+  assert run_checkpointer(workdir, create=False).all_steps() == [1, 2]
 
 
 # --- 6. a missing step is missing, not corrupt ---------------------------------------------
