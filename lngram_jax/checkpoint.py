@@ -214,14 +214,16 @@ class _LateLoopNoise(logging.Filter):
 def _filter_late_asyncio_noise(log_file: Path | None) -> None:
   """After a failed read, orbax's abandoned asyncio work can still report
   "Event loop is closed" from another thread, seconds later, through any of
-  three channels: an unraisable exception, an uncaught exception in a thread,
-  or asyncio's logger. Those reports (only those) go to the log file for the
-  rest of the process."""
+  four channels: an unraisable exception, an uncaught exception in a thread,
+  asyncio's logger, or `sys.excepthook` (tensorstore's C++ threads print a
+  failed `call_soon_threadsafe` callback with PyErr_Print, which calls it).
+  Those reports (only those) go to the log file for the rest of the process."""
   global _noise_log
   _noise_log = log_file
   if getattr(sys.unraisablehook, "_lngram_filter", False):
     return
-  unraisable_hook, thread_hook = sys.unraisablehook, threading.excepthook
+  unraisable_hook, thread_hook, except_hook = (sys.unraisablehook, threading.excepthook,
+                                               sys.excepthook)
 
   def unraisable(report):
     if _is_late_loop_noise(report.exc_value):
@@ -233,8 +235,13 @@ def _filter_late_asyncio_noise(log_file: Path | None) -> None:
       return _note_noise(args.exc_value)
     thread_hook(args)
 
+  def uncaught(exc_type, exc_value, exc_tb):
+    if _is_late_loop_noise(exc_value):
+      return _note_noise(exc_value)
+    except_hook(exc_type, exc_value, exc_tb)
+
   unraisable._lngram_filter = True
-  sys.unraisablehook, threading.excepthook = unraisable, thread
+  sys.unraisablehook, threading.excepthook, sys.excepthook = unraisable, thread, uncaught
   logging.getLogger("asyncio").addFilter(_LateLoopNoise())
 
 

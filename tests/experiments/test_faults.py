@@ -175,8 +175,9 @@ def test_eval_on_a_damaged_newest_step_prints_a_few_lines(smoke_run_copy):
 
 def test_late_event_loop_reports_stay_off_the_terminal(tmp_path):
   """After a failed read, orbax's abandoned asyncio work may report "Event loop is
-  closed" late, through an unraisable exception, an uncaught thread exception or
-  asyncio's logger: all three go to the log file, and other errors still show."""
+  closed" late, through an unraisable exception, an uncaught thread exception,
+  asyncio's logger or sys.excepthook: all go to the log file, and other errors
+  still show."""
   log = tmp_path / "checkpoints.log"
   code = f"""
 import logging, threading
@@ -202,6 +203,11 @@ class Finalised:
     closed()
 
 Finalised()
+import sys
+try:   # what PyErr_Print does for a failed callback on a C++ thread
+  closed()
+except RuntimeError:
+  sys.excepthook(*sys.exc_info())
 print("done")
 """
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -209,7 +215,7 @@ print("done")
   assert done.returncode == 0 and done.stdout == "done\n", done.stderr
   assert "Event loop" not in done.stderr, done.stderr
   assert "ValueError: a real bug" in done.stderr
-  assert log.read_text().count("late asyncio report") == 3
+  assert log.read_text().count("late asyncio report") == 4
 
 
 # --- 4. the workdir lock -----------------------------------------------------------------
