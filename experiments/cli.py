@@ -9,6 +9,10 @@
     lngram-exp analyze --workdir=runs/vlm_x [--n=32 --which=attention,accuracy,logit_lens,
                        grounding --max_new_tokens=N]  (VLM runs: attention decay, accuracy by
                        length, LogitLens, grounding probe; JSON + PNG into the run directory)
+    lngram-exp analyze --workdir=runs/lm_lngram [--which=utilisation,id_knn,associations,
+                       distributed,stability,injection --max_positions=4000 --seed=0]
+                       (LM runs: the Lngram ID analyses; JSON + PNG + Markdown into
+                       <workdir>/analysis)
 
 A config with a `vlm` block (experiments/configs/vlm_*.py) trains a VLM stage;
 every run, LM or VLM, goes through the same loop (experiments.train.train),
@@ -37,7 +41,8 @@ COMMANDS = {
     "eval": "validation bits per byte of an LM run's checkpoint",
     "sample": "continue prompts with an LM run's checkpoint",
     "configs": "list the config files with their purpose",
-    "analyze": "attention, accuracy, LogitLens and grounding analyses of a VLM run",
+    "analyze": "Lngram ID analyses of an LM run; attention, accuracy, LogitLens and "
+               "grounding analyses of a VLM run",
 }
 
 # Config fields a config file need not define: the loop reads them with
@@ -52,16 +57,24 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, met
 _STEP = flags.DEFINE_integer("step", None, "eval/sample: checkpoint step (default newest).")
 _PROMPT = flags.DEFINE_multi_string("prompt", ["def "], "sample: prompt(s), repeatable.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "sample: bytes to generate (default "
-                                 "200, capped to what the model can hold); analyze: answer "
-                                 "length cap (default the run's vlm.eval.max_new_tokens).")
+                                 "200, capped to what the model can hold); analyze (VLM "
+                                 "runs): answer length cap (default the run's "
+                                 "vlm.eval.max_new_tokens).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "sample: softmax temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", None, "sample: keep the k most likely bytes.")
 _GREEDY = flags.DEFINE_bool("greedy", False, "sample: argmax decoding.")
-_SEED = flags.DEFINE_integer("seed", 0, "sample: PRNG seed.")
+_SEED = flags.DEFINE_integer("seed", 0, "sample: PRNG seed; analyze (LM runs): the seed of "
+                             "every sample (files, positions, permutations, bootstrap).")
 _CACHE = flags.DEFINE_bool("cache", True, "sample: KV cache + Lngram decode state.")
-_N_ANALYZE = flags.DEFINE_integer("n", 32, "analyze: validation scenes to analyse.")
-_WHICH = flags.DEFINE_list("which", ["attention", "accuracy", "logit_lens", "grounding"],
-                           "analyze: which analyses.")
+_N_ANALYZE = flags.DEFINE_integer("n", 32, "analyze (VLM runs): validation scenes to analyse.")
+_VLM_ANALYSES = ["attention", "accuracy", "logit_lens", "grounding"]
+_WHICH = flags.DEFINE_list("which", None, "analyze: which analyses (default all; VLM runs: "
+                           f"{','.join(_VLM_ANALYSES)}; LM runs: utilisation,id_knn,"
+                           "associations,distributed,stability,injection).")
+_MAX_POSITIONS = flags.DEFINE_integer("max_positions", 4000, "analyze (LM runs): sampled "
+                                      "byte positions per split (reference, held-out).")
+_N_PERM = flags.DEFINE_integer("n_perm", 500, "analyze (LM runs): permutations of the "
+                               "ID-KNN test.")
 _MAX_MEMORY = flags.DEFINE_string("max_memory", None, "train: refuse a config whose "
                                   "parameters + optimizer state exceed this, e.g. 8GiB "
                                   "(default: the machine's memory).")
@@ -226,9 +239,19 @@ def _run(argv, config):
 
 def _inspect(command):
   if command == "analyze":
+    from experiments.analysis.run import LM_ANALYSES, analyze_lm, run_kind
+    if run_kind(_WORKDIR.value) == "lm":
+      if _MAX_POSITIONS.value < 1 or _N_PERM.value < 0:
+        raise ValueError(f"--max_positions={_MAX_POSITIONS.value} must be >= 1 and "
+                         f"--n_perm={_N_PERM.value} >= 0.")
+      out = analyze_lm(_WORKDIR.value, which=tuple(_WHICH.value or LM_ANALYSES),
+                       max_positions=_MAX_POSITIONS.value, seed=_SEED.value,
+                       n_perm=_N_PERM.value)
+      print(f"wrote {sorted(out)} (.json, .md, .png) into {_WORKDIR.value}/analysis")
+      return 0
     from experiments.vlm.run import analyze
-    out = analyze(_WORKDIR.value, which=tuple(_WHICH.value), n=_N_ANALYZE.value,
-                  max_new_tokens=_MAX_NEW.value)
+    out = analyze(_WORKDIR.value, which=tuple(_WHICH.value or _VLM_ANALYSES),
+                  n=_N_ANALYZE.value, max_new_tokens=_MAX_NEW.value)
     print(f"wrote {sorted(out)} (.json, .png) into {_WORKDIR.value}")
     return 0
   if command == "eval":

@@ -1,0 +1,424 @@
+"""Position records: what the analyses read about sampled byte positions of an LM run.
+
+For each sampled byte position P of one split ("reference": a seeded sample of
+the corpus' training files; "heldout": its validation files), and each Lngram
+layer l (`model.config.memory_layers`): the layer's input h (the residual
+stream before its memory slot), the router logits z (pre-threshold, the
+"Q_route" control) and the codes; the file (document) id; nuisance and
+surface features; and the semantic targets of `targets` at three levels.
+
+Files run through the model one at a time, in windows of `seq_len` bytes
+([k·seq_len, (k+1)·seq_len), never packed with another file); a window runs
+only if it holds a sampled position. The sample is drawn from the files and the
+seed alone (not the model), so every checkpoint of a run gets the same
+positions.
+
+Nuisance stratum (position only, one int): column bucket × line-index bucket ×
+row-position bucket, with the bucket edges below (np.digitize: a value v is in
+bucket #{edges <= v}):
+  column       bytes since the line start: 0 | 1-3 | 4-7 | 8-15 | 16-31 | 32-63 | 64+
+               (4-space indentation levels first, then doubling)
+  line index   0-based line of the file: 0-9 | 10-99 | 100-999 | 1000+
+  row position offset within the model's window (the training row): 0-7 | 8-31 |
+               32-127 | 128-511 | 512+
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.analysis import targets as targets_lib
+from experiments.models.branches import BranchContext
+
+LEVELS = ("local", "statement", "document")
+SPLITS = ("reference", "heldout")
+COLUMN_EDGES = (1, 4, 8, 16, 32, 64)
+LINE_EDGES = (10, 100, 1000)
+ROW_EDGES = (8, 32, 128, 512)
+N_STRATA = (len(COLUMN_EDGES) + 1) * (len(LINE_EDGES) + 1) * (len(ROW_EDGES) + 1)
+N_DOCUMENT_CONCEPTS = 30
+
+
+@dataclasses.dataclass
+class PositionRecords:
+  """Per analysed byte position P (one split: "reference" or "heldout").
+
+  offsets (int32 [P], the byte offset in the file) and meta (seq_len, seed, ...)
+  are extras for readers that go back to the files; synthetic records may omit
+  them.
+  """
+
+  split: str
+  file_ids: np.ndarray          # int32 [P], document id (index into `files`)
+  files: list[str]              # relative file paths, by document id
+  layers: tuple[int, ...]       # the Lngram layers analysed (model.config.memory_layers)
+  h: dict[int, np.ndarray]      # layer -> float32 [P, D], that layer's input (residual stream)
+  z: dict[int, np.ndarray]      # layer -> float32 [P, R*M], its router logits (pre-threshold)
+  codes: dict[int, np.ndarray]  # layer -> int32 [P, R], the codes (z > 0 bits, little-endian)
+  bits: int                     # M
+  nuisance: np.ndarray          # int32 [P], the nuisance stratum id (see the module docstring)
+  surface: np.ndarray           # int32 [P, 2], current byte and previous byte (-1 at file start)
+  targets: dict[str, tuple[list[str], np.ndarray]]
+                                # level -> (concept names, bool [P, Z])
+  skipped_files: int            # files that did not parse
+  offsets: np.ndarray | None = None
+  meta: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def num_positions(self) -> int:
+    return int(self.file_ids.shape[0])
+
+  def concept_names(self) -> dict[str, list[str]]:
+    """level -> concept names; pass it to the held-out `collect_records`."""
+    return {level: list(names) for level, (names, _) in self.targets.items()}
+
+
+class SourceFile(NamedTuple):
+  path: str   # relative to the corpus root
+  data: bytes
+
+
+def split_files(corpus, *, n_reference: int = 256, n_heldout: int | None = None,
+                seed: int = 0) -> tuple[list[SourceFile], list[SourceFile]]:
+  """(reference, heldout) files of an `experiments.data.Corpus`.
+
+  reference: `n_reference` training files drawn with `seed` (path order);
+  heldout: the validation files (the corpus splits by path hash), all of them
+  or `n_heldout` drawn with `seed`.
+  """
+  rng = np.random.default_rng(seed)
+
+  def draw(paths, docs, n):
+    keep = range(len(paths)) if n is None or n >= len(paths) else sorted(
+        rng.choice(len(paths), size=n, replace=False).tolist())
+    return [SourceFile(paths[i], np.asarray(docs[i], np.uint8).tobytes()) for i in keep]
+
+  return (draw(corpus.train_paths, corpus.train_docs, n_reference),
+          draw(corpus.val_paths, corpus.val_docs, n_heldout))
+
+
+def collect_records(model, files: Sequence, *, split: str, seq_len: int,
+                    max_positions: int | None, seed: int, concept_names=None,
+                    progress: bool = True, batch_size: int = 16,
+                    n_document_concepts: int = N_DOCUMENT_CONCEPTS) -> PositionRecords:
+  """Runs a `DecoderLM` over `files` and records `max_positions` sampled positions.
+
+  Args:
+    model: the restored `DecoderLM` (its memory layers hold Lngram).
+    files: (relative path, bytes or uint8 array) pairs, e.g. from `split_files`.
+    split: "reference" or "heldout" (a label).
+    seq_len: the window length (the run's data.seq_len).
+    max_positions: positions drawn uniformly, without replacement, over the
+      bytes of the files that parse; None takes every byte.
+    seed: the sampling seed.
+    concept_names: the reference records' `concept_names()` (a dict level ->
+      names) or the document-level names alone (a list); None: local and
+      statement concepts are the full vocabularies of `targets`, document
+      concepts the `n_document_concepts` modules imported by most of `files`.
+    progress: print progress lines on stderr.
+    batch_size: windows per forward.
+  """
+  if split not in SPLITS:
+    raise ValueError(f"collect_records: split={split!r} is not one of {SPLITS}.")
+  if not 1 <= seq_len <= model.config.max_len:
+    raise ValueError(f"collect_records: seq_len={seq_len} must be in [1, "
+                     f"max_len={model.config.max_len}].")
+  layers = tuple(model.config.memory_layers)
+  if not layers:
+    raise ValueError("collect_records: the model has no memory layers to read.")
+  for layer in layers:
+    if not hasattr(model.blocks[layer].memory, "router_logits"):
+      raise ValueError(f"collect_records: layer {layer}'s memory branch "
+                       f"({type(model.blocks[layer].memory).__name__}) has no Lngram router.")
+  t0 = time.perf_counter()
+  parsed, skipped = _parse(files)
+  if progress:
+    print(f"records[{split}]: {len(parsed)} files parsed, {skipped} skipped "
+          f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+  file_ids, offsets = sample_positions([doc.size for _, doc, _ in parsed], max_positions, seed)
+  docs = [doc for _, doc, _ in parsed]
+  nuisance, surface = position_features(docs, file_ids, offsets, seq_len)
+  names = _concept_names(concept_names, [t.imports for _, _, t in parsed], n_document_concepts)
+  records = PositionRecords(
+      split=split, file_ids=file_ids, files=[path for path, _, _ in parsed], layers=layers,
+      h={}, z={}, codes={}, bits=_bits(model, layers[0]), nuisance=nuisance, surface=surface,
+      targets=_targets([t for _, _, t in parsed], file_ids, offsets, names),
+      skipped_files=skipped, offsets=offsets,
+      meta={"seq_len": seq_len, "seed": seed, "max_positions": max_positions})
+  h, z, codes = _run_windows(model, docs, file_ids, offsets, seq_len=seq_len,
+                             batch_size=batch_size, progress=progress, label=split)
+  records.h, records.z, records.codes = h, z, codes
+  return records
+
+
+def sample_positions(sizes: Sequence[int], max_positions: int | None,
+                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(file_ids, offsets) int32 [P], sorted by file then offset; uniform over bytes."""
+  ends = np.cumsum(np.asarray(sizes, np.int64))
+  total = int(ends[-1]) if ends.size else 0
+  if max_positions is None or max_positions >= total:
+    flat = np.arange(total, dtype=np.int64)
+  else:
+    rng = np.random.default_rng(seed)
+    flat = np.sort(rng.choice(total, size=max_positions, replace=False))
+  file_ids = np.searchsorted(ends, flat, side="right")
+  starts = np.concatenate([[0], ends[:-1]]) if ends.size else ends
+  return file_ids.astype(np.int32), (flat - starts[file_ids]).astype(np.int32)
+
+
+def position_features(docs: Sequence[np.ndarray], file_ids: np.ndarray, offsets: np.ndarray,
+                      seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """(nuisance stratum int32 [P], surface int32 [P, 2]) of sampled positions."""
+  column = np.zeros(file_ids.shape, np.int64)
+  line = np.zeros(file_ids.shape, np.int64)
+  surface = np.full((file_ids.size, 2), -1, np.int32)
+  for f in np.unique(file_ids):
+    sel = np.flatnonzero(file_ids == f)
+    doc, off = docs[f], offsets[sel].astype(np.int64)
+    newlines = np.flatnonzero(doc == ord("\n"))
+    # Line of byte o = the newlines before it; its line starts after the last one.
+    line[sel] = np.searchsorted(newlines, off, side="left")
+    prev_nl = np.where(line[sel] > 0, newlines[np.maximum(line[sel] - 1, 0)], -1)
+    column[sel] = off - prev_nl - 1
+    surface[sel, 0] = doc[off]
+    # int32 before the -1: a uint8 where() would wrap it to 255.
+    surface[sel, 1] = np.where(off > 0, doc[np.maximum(off - 1, 0)].astype(np.int32), -1)
+  return nuisance_strata(column, line, offsets % seq_len), surface
+
+
+def nuisance_strata(column, line, row_position) -> np.ndarray:
+  """The stratum id (int32) of column, line-index and row-position values."""
+  c = np.digitize(column, COLUMN_EDGES)
+  li = np.digitize(line, LINE_EDGES)
+  r = np.digitize(row_position, ROW_EDGES)
+  return ((c * (len(LINE_EDGES) + 1) + li) * (len(ROW_EDGES) + 1) + r).astype(np.int32)
+
+
+def take(records: PositionRecords, index) -> PositionRecords:
+  """The records of the positions `index` (an int array or a bool mask over P)."""
+  index = np.asarray(index)
+  pick = lambda a: None if a is None else a[index]
+  return dataclasses.replace(
+      records, file_ids=records.file_ids[index],
+      h={k: v[index] for k, v in records.h.items()},
+      z={k: v[index] for k, v in records.z.items()},
+      codes={k: v[index] for k, v in records.codes.items()},
+      nuisance=records.nuisance[index], surface=records.surface[index],
+      targets={k: (list(n), v[index]) for k, (n, v) in records.targets.items()},
+      offsets=pick(records.offsets), meta=dict(records.meta))
+
+
+# --- persistence ---------------------------------------------------------------------
+
+
+def save_records(records: PositionRecords, path) -> Path:
+  """Writes the records to one .npz (no pickles) and returns its path."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  meta = {
+      "split": records.split, "files": list(records.files), "layers": list(records.layers),
+      "bits": int(records.bits), "skipped_files": int(records.skipped_files),
+      "concepts": records.concept_names(), "meta": records.meta,
+  }
+  arrays = {"meta_json": np.asarray(json.dumps(meta)), "file_ids": records.file_ids,
+            "nuisance": records.nuisance, "surface": records.surface}
+  if records.offsets is not None:
+    arrays["offsets"] = records.offsets
+  for layer in records.layers:
+    arrays[f"h_{layer}"] = records.h[layer]
+    arrays[f"z_{layer}"] = records.z[layer]
+    arrays[f"codes_{layer}"] = records.codes[layer]
+  for level, (_, labels) in records.targets.items():
+    arrays[f"targets_{level}"] = labels
+  with open(path, "wb") as f:
+    np.savez(f, **arrays)
+  return path
+
+
+def load_records(path) -> PositionRecords:
+  """Reads what `save_records` wrote."""
+  with np.load(Path(path), allow_pickle=False) as npz:
+    meta = json.loads(str(npz["meta_json"]))
+    layers = tuple(int(x) for x in meta["layers"])
+    return PositionRecords(
+        split=meta["split"], file_ids=npz["file_ids"], files=list(meta["files"]),
+        layers=layers, h={i: npz[f"h_{i}"] for i in layers},
+        z={i: npz[f"z_{i}"] for i in layers}, codes={i: npz[f"codes_{i}"] for i in layers},
+        bits=int(meta["bits"]), nuisance=npz["nuisance"], surface=npz["surface"],
+        targets={level: (list(names), npz[f"targets_{level}"])
+                 for level, names in meta["concepts"].items()},
+        skipped_files=int(meta["skipped_files"]),
+        offsets=npz["offsets"] if "offsets" in npz.files else None, meta=dict(meta["meta"]))
+
+
+# --- internals -----------------------------------------------------------------------
+
+
+def _parse(files):
+  """[(path, uint8 doc, SourceTargets)] of the files that parse, and the skipped count."""
+  parsed, skipped = [], 0
+  for path, data in files:
+    doc = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else (
+        data.astype(np.uint8, copy=False))
+    found = targets_lib.extract_targets(doc.tobytes())
+    if found is None:
+      skipped += 1
+    else:
+      parsed.append((str(path), doc, found))
+  return parsed, skipped
+
+
+def _concept_names(given, imports_per_file, n_document) -> dict[str, list[str]]:
+  names = {"local": list(targets_lib.LOCAL_CONCEPTS),
+           "statement": list(targets_lib.STATEMENT_CONCEPTS)}
+  if isinstance(given, dict):
+    names.update({k: list(v) for k, v in given.items()})
+  elif given is not None:
+    names["document"] = list(given)
+  if "document" not in names:
+    # Files importing each module; ties broken by name for a stable order.
+    counts = Counter(m for mods in imports_per_file for m in mods)
+    names["document"] = [m for m, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+                         ][:n_document]
+  unknown = set(names) - set(LEVELS)
+  if unknown:
+    raise ValueError(f"concept_names: unknown levels {sorted(unknown)}; levels are {LEVELS}.")
+  return names
+
+
+def _targets(found, file_ids, offsets, names) -> dict[str, tuple[list[str], np.ndarray]]:
+  P = file_ids.size
+  local = np.full(P, -1, np.int64)
+  statement = np.full(P, -1, np.int64)
+  for f in np.unique(file_ids):
+    sel = np.flatnonzero(file_ids == f)
+    local[sel] = found[f].local[offsets[sel]]
+    statement[sel] = found[f].statement[offsets[sel]]
+
+  def one_hot(ids, vocab, level):
+    column = {name: i for i, name in enumerate(vocab)}
+    out = np.zeros((P, len(names[level])), bool)
+    for z, name in enumerate(names[level]):
+      if name in column:
+        out[:, z] = ids == column[name]
+    return out
+
+  doc = np.zeros((P, len(names["document"])), bool)
+  for z, module in enumerate(names["document"]):
+    has = np.array([module in t.imports for t in found], bool)
+    doc[:, z] = has[file_ids] if has.size else False
+  return {"local": (names["local"], one_hot(local, targets_lib.LOCAL_CONCEPTS, "local")),
+          "statement": (names["statement"],
+                        one_hot(statement, targets_lib.STATEMENT_CONCEPTS, "statement")),
+          "document": (names["document"], doc)}
+
+
+def _bits(model, layer: int) -> int:
+  return int(model.blocks[layer].memory.config.bits)
+
+
+def _router_logits(block, h_BxTxD):
+  """[B, T, R, M] router logits of the block's memory branch.
+
+  Lngram v1's router also takes the block's pre-attention norm weight.
+  """
+  memory = block.memory
+  if "norm_scale_D" in inspect.signature(memory.router_logits).parameters:
+    return memory.router_logits(h_BxTxD, block.attn_norm.scale[...])
+  return memory.router_logits(h_BxTxD)
+
+
+@nnx.jit
+def _layer_reads(model, tokens_BxT, valid_BxT):
+  """layer -> (h [B, T, D], z [B, T, R·M], codes [B, T, R]) for every memory layer."""
+  _, aux = model(tokens_BxT, valid=valid_BxT, return_aux=True,
+                 context=BranchContext(probe=True))
+  B, T = tokens_BxT.shape
+  out = {}
+  for i in model.config.memory_layers:
+    # Layer i's input is block i-1's output (the embedding for layer 0).
+    h_BxTxD = model.embed(tokens_BxT) if i == 0 else aux[f"block/{i - 1}/hidden"]
+    z_BxTxRxM = _router_logits(model.blocks[i], h_BxTxD)
+    codes = aux.get(f"memory/{i}/codes", aux.get(f"memory/{i}/router_codes"))
+    out[i] = (h_BxTxD.astype(jnp.float32), z_BxTxRxM.reshape(B, T, -1).astype(jnp.float32),
+              codes.astype(jnp.int32))
+  return out
+
+
+def _run_windows(model, docs, file_ids, offsets, *, seq_len, batch_size, progress, label):
+  """h, z, codes dicts (layer -> [P, ...]) read from the windows holding the positions."""
+  P = file_ids.size
+  window = offsets.astype(np.int64) // seq_len
+  # Unique (file, window) pairs in order; `slot` maps each position to its pair.
+  keys = file_ids.astype(np.int64) * (1 << 32) + window
+  pairs, slot = np.unique(keys, return_inverse=True)
+  slot = slot.reshape(-1)
+  h, z, codes = {}, {}, {}
+  n_batches = -(-pairs.size // batch_size)
+  bar = _Progress(n_batches, label=f"records[{label}]", enabled=progress)
+  for b in range(n_batches):
+    chunk = pairs[b * batch_size:(b + 1) * batch_size]
+    tokens = np.zeros((batch_size, seq_len), np.int32)
+    valid = np.ones((batch_size, seq_len), bool)  # padding rows: harmless zeros
+    for row, key in enumerate(chunk):
+      doc = docs[int(key >> 32)]
+      piece = doc[int(key & 0xFFFFFFFF) * seq_len:][:seq_len]
+      tokens[row, :piece.size] = piece
+      valid[row, piece.size:] = False
+    reads = jax.device_get(_layer_reads(model, jnp.asarray(tokens), jnp.asarray(valid)))
+    in_batch = np.flatnonzero((slot >= b * batch_size) & (slot < b * batch_size + chunk.size))
+    rows = slot[in_batch] - b * batch_size
+    cols = offsets[in_batch] % seq_len
+    for layer, (h_l, z_l, c_l) in reads.items():
+      if layer not in h:
+        h[layer] = np.zeros((P, h_l.shape[-1]), np.float32)
+        z[layer] = np.zeros((P, z_l.shape[-1]), np.float32)
+        codes[layer] = np.zeros((P, c_l.shape[-1]), np.int32)
+      h[layer][in_batch] = h_l[rows, cols]
+      z[layer][in_batch] = z_l[rows, cols]
+      codes[layer][in_batch] = c_l[rows, cols]
+    bar.update(b + 1)
+  if n_batches == 0:
+    # No positions: empty arrays of the right widths.
+    for layer in model.config.memory_layers:
+      memory = model.blocks[layer].memory
+      h[layer] = np.zeros((0, model.config.d_model), np.float32)
+      z[layer] = np.zeros((0, memory.config.routes * memory.config.bits), np.float32)
+      codes[layer] = np.zeros((0, memory.config.routes), np.int32)
+  return h, z, codes
+
+
+class _Progress:
+  """Progress lines on stderr: redrawn in place on a terminal, every 5% otherwise."""
+
+  def __init__(self, total: int, *, label: str, enabled: bool, stream=None):
+    self.total, self.label, self.enabled = total, label, enabled and total > 0
+    self.stream = stream or sys.stderr
+    self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+    self.every = max(1, total // 20)
+    self.t0 = time.perf_counter()
+
+  def update(self, done: int) -> None:
+    if not self.enabled or not (self.tty or done % self.every == 0 or done == self.total):
+      return
+    elapsed = time.perf_counter() - self.t0
+    eta = elapsed / done * (self.total - done)
+    filled = int(24 * done / self.total)
+    line = (f"{self.label}: {done}/{self.total} batches "
+            f"[{'#' * filled}{'.' * (24 - filled)}] {elapsed:.0f}s, ETA {eta:.0f}s")
+    end = "\n" if not self.tty or done == self.total else ""
+    self.stream.write(("\r" if self.tty else "") + line + end)
+    self.stream.flush()

@@ -1,0 +1,187 @@
+"""`analyze_lm(workdir)`: the Lngram ID analyses of an LM run (`lngram-exp analyze` on it).
+
+    lngram-exp analyze --workdir=runs/lm_lngram \
+        --which=utilisation,id_knn,associations,distributed,stability,injection
+
+Restores the run's newest checkpoint, collects the position records ONCE
+(reference: a seeded sample of the training files; held-out: the validation
+files; the same positions for every reader) and runs the chosen analyses.
+Each writes `<name>.json`, `<name>.md` (its table) and `<name>.png` into
+`<workdir>/analysis/`; the records go to `records_<split>.npz` so the record
+analyses can be rerun without the model (`records.load_records`).
+
+  utilisation   Table 9: effective codes, normalised entropy, top code, dead codes
+  id_knn        Table 1: H_model / Q_route / ID-KNN / nuisance / surface readers, rho,
+                the permutation test
+  associations  App. C.2: single-code associations replicated on held-out files
+  distributed   App. C.3: S_dict and AP over the top-m routes
+  stability     App. B.2: address stability between adjacent kept checkpoints
+  injection     App. B.3: the Lngram delta disabled per layer and everywhere
+
+stability and injection run their own windows over `n_docs` held-out files
+(every byte of a window: n-gram addresses read the previous codes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import ml_collections
+
+log = logging.getLogger("experiments")
+
+LM_ANALYSES = ("utilisation", "id_knn", "associations", "distributed", "stability",
+               "injection")
+RECORD_ANALYSES = ("utilisation", "id_knn", "associations", "distributed")
+
+
+def run_kind(workdir) -> str:
+  """"lm" or "vlm": the kind of run the newest readable checkpoint config describes."""
+  from experiments.checkpoint.restore import run_checkpointer
+  with run_checkpointer(workdir, async_save=False, create=False) as ckpt:
+    _, saved = ckpt.newest_readable_config(warn=False)
+  return saved.get("kind", "lm")
+
+
+def _progress(name: str):
+  def report(done: int, total: int) -> None:
+    log.info("analyze %s: %d/%d", name, done, total)
+  return report
+
+
+def write_result(out_dir, name: str, result: dict, module) -> dict:
+  """`<name>.json`, `.md` and `.png` of one result in `out_dir`; returns their paths."""
+  from experiments.analysis.id_readers import jsonable
+  from experiments.analysis.plots import write_png
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  result = jsonable(result)
+  text = module.markdown(result)
+  paths = {"json": out_dir / f"{name}.json", "md": out_dir / f"{name}.md",
+           "png": out_dir / f"{name}.png"}
+  paths["json"].write_text(json.dumps(result, indent=1, allow_nan=False))
+  paths["md"].write_text(f"# {name}\n\n{text.rstrip()}\n")
+  write_png(paths["png"], name, result, module, text)
+  return paths
+
+
+def collect(model, config, *, max_positions: int | None, seed: int, n_reference: int,
+            progress: bool, out_dir=None):
+  """(reference, held-out) PositionRecords of the run's corpus; saved into `out_dir`."""
+  from experiments.analysis import records
+  from experiments.data.corpus import corpus_spec, load_corpus
+  corpus = load_corpus(corpus_spec(config))
+  ref_files, held_files = records.split_files(corpus, n_reference=n_reference, seed=seed)
+  seq_len = min(int(config.data.seq_len), model.config.max_len)
+  ref = records.collect_records(model, ref_files, split="reference", seq_len=seq_len,
+                                max_positions=max_positions, seed=seed, progress=progress)
+  held = records.collect_records(model, held_files, split="heldout", seq_len=seq_len,
+                                 max_positions=max_positions, seed=seed,
+                                 concept_names=ref.concept_names(), progress=progress)
+  if out_dir is not None:
+    for r in (ref, held):
+      records.save_records(r, Path(out_dir) / f"records_{r.split}.npz")
+  return ref, held, corpus
+
+
+def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, seed: int = 0,
+               n_reference: int = 256, max_queries: int | None = 2000, n_perm: int = 500,
+               n_docs: int = 48, windows_per_doc: int = 2, n_boot: int = 10_000,
+               progress: bool = True) -> dict:
+  """Runs the chosen analyses on an LM run; returns {name: result}.
+
+  Parameters
+  ----------
+  workdir : the run directory (`lngram-exp train --workdir`).
+  which : names from `LM_ANALYSES`.
+  max_positions : sampled positions per split for the position records.
+  seed : every sample (files, positions, queries, permutations, bootstrap).
+  n_reference : training files drawn as the reference split.
+  max_queries, n_perm : held-out queries scored by the readers; permutations of the test.
+  n_docs, windows_per_doc : held-out files and windows per file of stability / injection.
+  n_boot : document bootstrap resamples of the stability CIs.
+  """
+  which = tuple(dict.fromkeys(which))
+  unknown = set(which) - set(LM_ANALYSES)
+  if unknown:
+    raise ValueError(f"analyze: unknown LM analyses {sorted(unknown)}; "
+                     f"choose from {','.join(LM_ANALYSES)}.")
+  from experiments.analysis import (
+      associations,
+      distributed,
+      id_readers,
+      injection,
+      probe,
+      stability,
+      utilisation,
+  )
+  from experiments.checkpoint.restore import restore_module, run_checkpointer
+
+  workdir = Path(workdir).expanduser().absolute()
+  model, saved, step = restore_module(workdir)
+  if saved.get("kind", "lm") != "lm":
+    raise ValueError(f"analyze_lm: {workdir} is a {saved.get('kind')} run, not an LM run.")
+  probe.lngram_layers(model)   # a clear error for a model without Lngram
+  config = ml_collections.ConfigDict(saved["experiment"])
+  out_dir = workdir / "analysis"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  log.info("analyze %s: checkpoint step %d, analyses %s", workdir, step, ",".join(which))
+  results, modules, t0 = {}, {}, time.time()
+
+  ref = held = corpus = None
+  if set(which) & set(RECORD_ANALYSES):
+    ref, held, corpus = collect(model, config, max_positions=max_positions, seed=seed,
+                                n_reference=n_reference, progress=progress, out_dir=out_dir)
+    log.info("analyze: records of %d reference / %d held-out positions (%d / %d files "
+             "skipped) in %.0fs", ref.num_positions, held.num_positions, ref.skipped_files,
+             held.skipped_files, time.time() - t0)
+  if "utilisation" in which:
+    results["utilisation"], modules["utilisation"] = utilisation.utilisation(ref, held), utilisation
+  if "id_knn" in which or "distributed" in which:
+    # distributed takes AP_H and AP_N from the id_knn readers on the same queries.
+    readers = id_readers.id_knn(ref, held, max_queries=max_queries, seed=seed,
+                                n_perm=n_perm if "id_knn" in which else 0, progress=progress)
+    if "id_knn" in which:
+      results["id_knn"], modules["id_knn"] = readers, id_readers
+  if "associations" in which:
+    results["associations"] = associations.associations(ref, held)
+    modules["associations"] = associations
+  if "distributed" in which:
+    results["distributed"] = distributed.distributed(ref, held, max_queries=max_queries,
+                                                     seed=seed, readers=readers)
+    modules["distributed"] = distributed
+
+  windows = None
+  if {"stability", "injection"} & set(which):
+    if corpus is None:
+      from experiments.data.corpus import corpus_spec, load_corpus
+      corpus = load_corpus(corpus_spec(config))
+    seq_len = min(int(config.data.seq_len), model.config.max_len)
+    windows = probe.file_windows(corpus.val_docs, seq_len=seq_len, max_docs=n_docs,
+                                 windows_per_doc=windows_per_doc, seed=seed)
+  if "stability" in which:
+    with run_checkpointer(workdir, async_save=False, create=False) as ckpt:
+      steps = [s for s in ckpt.all_steps() if s <= step]
+    if len(steps) < 2:
+      log.info("analyze stability: skipped, the run keeps one checkpoint (steps %s)", steps)
+      results["stability"] = {"steps": steps, "rows": [], "n_docs": windows.n_docs,
+                              "n_positions": windows.n_positions, "bits": None,
+                              "n_boot": n_boot, "seed": seed, "primary": "fixed",
+                              "note": "needs two or more kept checkpoints"}
+    else:
+      models = [restore_module(workdir, s)[0] for s in steps[:-1]] + [model]
+      results["stability"] = stability.address_stability(
+          models, steps, windows, n_boot=n_boot, seed=seed, progress=_progress("stability"))
+    modules["stability"] = stability
+  if "injection" in which:
+    results["injection"] = injection.injection(model, windows, progress=_progress("injection"))
+    modules["injection"] = injection
+
+  for name in which:
+    write_result(out_dir, name, results[name], modules[name])
+  log.info("analyze: wrote %s (.json, .md, .png) into %s in %.0fs", ",".join(which), out_dir,
+           time.time() - t0)
+  return results

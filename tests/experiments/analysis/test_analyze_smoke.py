@@ -1,0 +1,127 @@
+"""`lngram-exp analyze` on a smoke LM run: every analysis at tiny sizes; the ID notebook."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.analysis.run import LM_ANALYSES
+
+ROOT = Path(__file__).resolve().parents[3]
+NOTEBOOK = ROOT / "experiments" / "notebooks" / "lngram_ids.ipynb"
+
+
+@pytest.fixture(autouse=True)
+def _restore_cli_logging():
+  """Undoes what an in-process CLI run leaves: its stderr handler (bound to pytest's
+  capture), the warning format and the parsed flag values."""
+  import logging
+  import warnings
+
+  logger = logging.getLogger("experiments")
+  saved = (list(logger.handlers), logger.level, logger.propagate, warnings.formatwarning)
+  yield
+  logger.handlers[:] = saved[0]
+  logger.setLevel(saved[1])
+  logger.propagate = saved[2]
+  warnings.formatwarning = saved[3]
+  from absl import flags
+  flags.FLAGS.unparse_flags()   # flag values would carry over to the next in-process parse
+
+
+def test_analyze_runs_every_analysis(smoke_run_copy, capsys):
+  from experiments.cli import run_main
+
+  workdir, _ = smoke_run_copy   # checkpoints at steps 1 and 2: one adjacent pair
+  status = run_main(["lngram-exp", "analyze", f"--workdir={workdir}", "--max_positions=300",
+                     "--n_perm=3", "--seed=1"])
+  assert status == 0, capsys.readouterr().err[-3000:]
+  out_dir = workdir / "analysis"
+  for name in LM_ANALYSES:
+    for ext in ("json", "md", "png"):
+      assert (out_dir / f"{name}.{ext}").stat().st_size > 0, (name, ext)
+  assert {"records_reference.npz", "records_heldout.npz"} <= {p.name for p in out_dir.iterdir()}
+  res = {name: json.loads((out_dir / f"{name}.json").read_text()) for name in LM_ANALYSES}
+  assert set(res["utilisation"]["layers"]) == {"1"}   # the smoke model's one Lngram layer
+  assert res["id_knn"]["layers"]["1"]["permutation"]
+  stab = res["stability"]
+  assert stab["steps"] == [1, 2]
+  assert {(r["protocol"], r["from_step"], r["to_step"]) for r in stab["rows"]} == {
+      ("fixed", 1, 2), ("own", 1, 2)}
+  for row in stab["rows"]:
+    est, lo, hi = row["code_agreement"]
+    assert 0 <= lo <= est <= hi <= 1
+  assert set(res["injection"]["interventions"]) == {"1", "all"}
+  assert "| fixed | 1 | 1→2 |" in (out_dir / "stability").with_suffix(".md").read_text()
+  assert f"into {workdir}/analysis" in capsys.readouterr().out
+
+
+def test_analyze_rejects_unknown_lm_analyses(smoke_run, capsys):
+  from experiments.cli import run_main
+
+  workdir, _ = smoke_run
+  assert run_main(["lngram-exp", "analyze", f"--workdir={workdir}", "--which=nope"]) == 2
+  err = capsys.readouterr().err
+  assert "unknown LM analyses ['nope']" in err and "stability" in err
+
+
+def test_analyze_tells_lm_from_vlm_runs(smoke_run, tmp_path):
+  from flax import nnx
+
+  from experiments.analysis.run import run_kind
+  from experiments.checkpoint import run_checkpointer
+  from experiments.configs import load_config
+  from experiments.train import saved_config
+  from experiments.vlm.config import vlm_config
+  from experiments.vlm.model import VLM
+
+  assert run_kind(smoke_run[0]) == "lm"
+  config = load_config("experiments/configs/vlm_base.py:smoke")
+  model = VLM(vlm_config(config), rngs=nnx.Rngs(0))
+  with run_checkpointer(tmp_path, async_save=False) as ckpt:
+    ckpt.save(1, params=nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+              config=saved_config("vlm", config, model.config))
+  assert run_kind(tmp_path) == "vlm"   # `lngram-exp analyze` then takes the VLM path
+
+
+def _kernel_for_this_python(tmp_path, monkeypatch) -> str:
+  """A kernel spec that runs this interpreter (as tests/experiments/test_notebook.py does)."""
+  name = "lngram-test-python"
+  spec_dir = tmp_path / "jupyter" / "kernels" / name
+  spec_dir.mkdir(parents=True)
+  (spec_dir / "kernel.json").write_text(json.dumps({
+      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+      "display_name": name, "language": "python"}))
+  monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+  return name
+
+
+@pytest.mark.slow   # starts a Jupyter kernel
+def test_ids_notebook_runs(smoke_run, tmp_path, monkeypatch):
+  nbformat = pytest.importorskip("nbformat")
+  nbclient = pytest.importorskip("nbclient")
+  pytest.importorskip("ipykernel")
+  import jax
+
+  workdir, _ = smoke_run
+  for key, value in {"LNGRAM_WORKDIR": str(workdir), "LNGRAM_MAX_POSITIONS": "300",
+                     "LNGRAM_N_REFERENCE": "12", "LNGRAM_N_PERM": "2", "MPLBACKEND": "Agg",
+                     "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                     "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir or ""
+                     }.items():
+    monkeypatch.setenv(key, value)
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  client = nbclient.NotebookClient(
+      nb, kernel_name=_kernel_for_this_python(tmp_path, monkeypatch), timeout=300,
+      resources={"metadata": {"path": str(ROOT)}})
+  client.execute()
+  outputs = [out for cell in nb.cells if cell.cell_type == "code"
+             for out in cell.get("outputs", [])]
+  text = "".join(out.get("text", "") + out.get("data", {}).get("text/markdown", "")
+                 for out in outputs)
+  assert "Lngram layers (1,)" in text
+  assert "| layer | effective codes | normalised entropy |" in text
+  assert "| layer | target | H_model | Q_route | ID-KNN |" in text
+  assert any("image/png" in out.get("data", {}) for out in outputs)
