@@ -41,6 +41,25 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def memory_run(arg: str) -> tuple[ml_collections.ConfigDict, bool, list[str]]:
+  """The start of every memory-arm config file: (config, smoke, other args).
+
+  `base_config()` with the memory slot filled at layers 1 and 2 of 4 (the
+  paper's "shallow and intermediate" placement); the `smoke` arg, if given, is
+  applied (tiny model, memory at layer 1 of 2). The caller sets
+  `config.model.memory` (after this, so that `smoke` shrinks only Lngram's
+  default fields) and reads the remaining comma-separated args.
+  """
+  config = base_config()
+  config.model.memory_layers = (1, 2)
+  parts = [p for p in (arg or "").split(",") if p]
+  is_smoke = "smoke" in parts
+  if is_smoke:
+    smoke(config)
+    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
+  return config, is_smoke, [p for p in parts if p != "smoke"]
+
+
 def smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Shrinks a config to seconds on CPU: tiny model, a slice of the corpus."""
   c.model.update(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,

@@ -25,21 +25,14 @@ from experiments.configs import base
 
 
 def get_config(arg: str = ""):
-  config = base.base_config()
-  config.model.memory_layers = (1, 2)
-  parts = [p for p in (arg or "").split(",") if p]
-  if "smoke" in parts:
-    base.smoke(config)
-    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
+  config, smoke, parts = base.memory_run(arg)
   # Replaces the base's Lngram fields.
   config.model.memory = dict(kind="engram", orders=(2, 3), heads=4, head_dim=24,
                              table_base=11587, vocab_size=256, case_fold=True, hash_seed=0,
                              conv_kernel=4, zero_init=False)
-  if "smoke" in parts:
+  if smoke:
     config.model.memory.update(heads=2, head_dim=8, table_base=97)
   for part in parts:
-    if part == "smoke":
-      continue
     if part == "zeroinit":
       config.model.memory.zero_init = True
     elif part == "nofold":

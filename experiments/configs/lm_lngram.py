@@ -38,15 +38,8 @@ SURROGATES = ("exact", "onebit", "ste", "none")
 
 
 def get_config(arg: str = ""):
-  config = base.base_config()
-  config.model.memory_layers = (1, 2)
-  parts = [p for p in (arg or "").split(",") if p]
-  if "smoke" in parts:
-    base.smoke(config)
-    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
+  config, smoke, parts = base.memory_run(arg)
   for part in parts:
-    if part == "smoke":
-      continue
     memory = config.model.memory
     if part in SURROGATES:
       memory.surrogate = part

@@ -29,21 +29,14 @@ SURROGATES = ("exact", "onebit", "ste", "none")
 
 
 def get_config(arg: str = ""):
-  config = base.base_config()
-  config.model.memory_layers = (1, 2)
-  parts = [p for p in (arg or "").split(",") if p]
-  if "smoke" in parts:
-    base.smoke(config)
-    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
+  config, smoke, parts = base.memory_run(arg)
   # Replaces the base's Lngram v2 fields; eps follows the backbone's norm_eps
   # (the router reuses the block's own pre-attention RMSNorm).
   config.model.memory = dict(kind="lngram_v1", bits=4, orders=(2, 3), mem_dim=16,
                              surrogate="onebit", eps=config.model.norm_eps)
-  if "smoke" in parts:
+  if smoke:
     config.model.memory.update(bits=2, mem_dim=4)  # d = 32: R = 16 routes of 4 codes
   for part in parts:
-    if part == "smoke":
-      continue
     if part in SURROGATES:
       config.model.memory.surrogate = part
     elif part.startswith("mem") and part[3:].isdigit():

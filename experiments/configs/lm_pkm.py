@@ -24,21 +24,14 @@ from experiments.configs import base
 
 
 def get_config(arg: str = ""):
-  config = base.base_config()
-  config.model.memory_layers = (1, 2)
-  parts = [p for p in (arg or "").split(",") if p]
-  if "smoke" in parts:
-    base.smoke(config)
-    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
+  config, smoke, parts = base.memory_run(arg)
   # Replaces the base's Lngram fields: value_dim 0 = d_model (values are the output).
   config.model.memory = dict(kind="pkm", heads=4, key_dim=32, num_keys=128, topk=32,
                              value_dim=0, gated=False, query_norm="rms", key_norm=False,
                              zero_init=True)
-  if "smoke" in parts:
+  if smoke:
     config.model.memory.update(heads=2, key_dim=8, num_keys=16, topk=4)
   for part in parts:
-    if part == "smoke":
-      continue
     if part == "gated":
       config.model.memory.gated = True
     elif part.startswith("keys") and part[4:].isdigit():

@@ -33,14 +33,10 @@ def _arm(experts, expert_dim, shared_dim, tile):
 
 
 def get_config(arg: str = ""):
-  config = base.base_config()
-  config.model.memory_layers = (1, 2)
+  config, smoke, parts = base.memory_run(arg)
   config.model.memory = _arm(*MATCHED[16], tile=32)
-  parts = [p for p in (arg or "").split(",") if p]
   dispatch = "tiled"
   for part in parts:
-    if part == "smoke":
-      continue
     if part in DISPATCHES:
       dispatch = part
     elif (part.startswith("matched-to=r") and part.removeprefix("matched-to=r").isdigit()
@@ -50,9 +46,7 @@ def get_config(arg: str = ""):
       raise ValueError(
           f"lm_sparse_ffn: unknown config arg {part!r}; use matched-to=r<R> with R in "
           f"{sorted(MATCHED)}, one of {DISPATCHES}, or smoke.")
-  if "smoke" in parts:
-    base.smoke(config)
-    config.model.memory_layers = (1,)  # the smoke backbone has 2 layers
+  if smoke:
     config.model.memory = _arm(4, 16, 0, tile=8)
   config.model.memory.dispatch = dispatch
   return config
