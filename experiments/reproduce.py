@@ -1,0 +1,160 @@
+"""The Lngram v2 paper's comparisons at small scale: every run, as an `lngram-exp` command.
+
+    python -m experiments.reproduce list [--only=main,sink]     the commands, and which are done
+    python -m experiments.reproduce run  [--only=main] [--max_runs=N]
+
+`run` trains the runs one after another in `runs/repro/<experiment>/<name>_s<seed>` (a
+rerun resumes a cut run exactly and skips finished ones), so the queue can be stopped and
+started at any time. `python -m experiments.report` turns the run directories into the
+tables and plots of RESULTS.md. Every run is an ordinary training command: the seed sets
+the parameters (`train.seed`) and the batch order (`data.seed`); data, steps, optimiser and
+schedule are those of the config files, the same for every arm.
+
+Experiments (the issue's numbering):
+  main       baseline, Lngram v2 r16 and r64, Lngram v1, PKM, Engram, the sparse FFN
+             matched to r16; three seeds (Tables 2 and 4)
+  surrogate  exact, one-bit, ste, none; two seeds for one-bit and ste (App. A.5)
+  sink       with and without the sink, three seeds (§4.2)
+  routes     equal tables, more routes vs wider entries; KV heads 1 / 2 / 4 (Table 3)
+  insertion  Lngram v2 inserted at step 300 into the baseline vs from step 0 (App. B)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path("runs/repro")
+CONFIGS = "experiments/configs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  experiment: str
+  name: str
+  config: str                  # file[:arg] under experiments/configs
+  seed: int = 0
+  overrides: tuple[str, ...] = ()
+  after: str | None = None     # a run (experiment/name_sS) that must finish first
+
+  @property
+  def workdir(self) -> Path:
+    return ROOT / self.experiment / f"{self.name}_s{self.seed}"
+
+  @property
+  def key(self) -> str:
+    return f"{self.experiment}/{self.name}_s{self.seed}"
+
+  def command(self) -> list[str]:
+    return ["lngram-exp", "train", f"--config={CONFIGS}/{self.config}",
+            f"--workdir={self.workdir}", f"--config.train.seed={self.seed}",
+            f"--config.data.seed={self.seed}", "--config.train.progress=False",
+            *self.overrides]
+
+
+def _seeds(experiment, name, config, seeds, *overrides):
+  return [Run(experiment, name, config, s, tuple(overrides)) for s in seeds]
+
+
+def plan() -> list[Run]:
+  runs = []
+  for name, config in (("baseline", "lm_baseline.py"), ("lngram_r16", "lm_lngram.py:r16"),
+                       ("lngram_r64", "lm_lngram.py:r64"), ("lngram_v1", "lm_lngram_v1.py"),
+                       ("pkm", "lm_pkm.py"), ("engram", "lm_engram.py"),
+                       ("sparse_ffn", "lm_sparse_ffn.py:matched-to=r16")):
+    runs += _seeds("main", name, config, (0, 1, 2))
+  for surrogate, seeds in (("onebit", (0, 1)), ("ste", (0, 1)), ("exact", (0,)),
+                           ("none", (0,))):
+    runs += _seeds("surrogate", surrogate, f"lm_lngram.py:{surrogate}", seeds)
+  runs += _seeds("sink", "sink", "lm_lngram.py", (0, 1, 2))
+  runs += _seeds("sink", "nosink", "lm_lngram.py:nosink", (0, 1, 2))
+  # Equal tables at d = 128: r64 with 32-wide entries vs r16 with 128-wide ones, 8.91M
+  # table parameters per layer each (totals 8.99M vs 9.18M; active 79k vs 275k), the
+  # paper's r64/m4/KV8 vs r23/m4/KV8/mem256 contrast scaled down.
+  runs += _seeds("routes", "r64_mem32", "lm_lngram.py:r64", (0,))
+  runs += _seeds("routes", "r16_mem128", "lm_lngram.py:r16,mem128", (0,))
+  for kv in (1, 2, 4):
+    runs += _seeds("routes", f"r16_kv{kv}", f"lm_lngram.py:r16,kv{kv}", (0,))
+  # Insertion: the baseline trained 300 steps, then Lngram for the remaining 300 from
+  # its checkpoint, against Lngram from step 0 for 600 (the main runs).
+  base300 = Run("insertion", "baseline_300", "lm_baseline.py", 0,
+                ("--config.train.steps=300", "--config.train.ckpt_every=100",
+                 "--config.train.eval_every=100"))
+  runs.append(base300)
+  runs.append(Run("insertion", "inserted_300", "lm_lngram.py", 0,
+                  (f"--config.init_from={base300.workdir}", "--config.train.steps=300",
+                   "--config.train.ckpt_every=100", "--config.train.eval_every=100"),
+                  after=base300.key))
+  return runs
+
+
+def finished(run: Run) -> bool:
+  """A summary row of the run's final evaluation exists (the loop writes it last)."""
+  metrics = run.workdir / "metrics.jsonl"
+  if not metrics.exists():
+    return False
+  steps = _steps(run)
+  for line in metrics.read_text().splitlines():
+    row = json.loads(line)
+    if row.get("step") == steps and "eval/bits_per_byte" in row:
+      return True
+  return False
+
+
+def _steps(run: Run) -> int:
+  for o in run.overrides:
+    if o.startswith("--config.train.steps="):
+      return int(o.split("=", 1)[1])
+  return 600
+
+
+def select(runs, only: str | None):
+  if not only:
+    return runs
+  wanted = set(only.split(","))
+  unknown = wanted - {r.experiment for r in runs}
+  if unknown:
+    raise SystemExit(f"error: unknown experiments {sorted(unknown)}")
+  return [r for r in runs if r.experiment in wanted]
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("action", choices=("list", "run"))
+  parser.add_argument("--only", default=None, help="comma-separated experiments")
+  parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
+  ns = parser.parse_args(argv)
+  runs = select(plan(), ns.only)
+  if ns.action == "list":
+    for run in runs:
+      print(("done  " if finished(run) else "todo  ") + " ".join(run.command()))
+    return 0
+  done = {r.key for r in plan() if finished(r)}
+  started = 0
+  for run in runs:
+    if run.key in done:
+      continue
+    if run.after is not None and run.after not in done:
+      print(f"skip {run.key}: waits for {run.after}", flush=True)
+      continue
+    if ns.max_runs is not None and started >= ns.max_runs:
+      break
+    started += 1
+    run.workdir.parent.mkdir(parents=True, exist_ok=True)
+    print(f"run {run.key}: {' '.join(run.command())}", flush=True)
+    with open(run.workdir.parent / f"{run.workdir.name}.log", "a") as log:
+      code = subprocess.call([sys.executable, "-m", "experiments", *run.command()[1:]],
+                             stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+      print(f"run {run.key} exited {code}; see its log", flush=True)
+      return code
+    done.add(run.key)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
