@@ -15,10 +15,18 @@ window would read if the slot held code c. Every window (end t, slot u, order n)
 that contains a position adds into that position's logits. Counterfactual rows
 are constants: they never receive table gradient. Invalid windows contribute
 nothing anywhere.
+
+Two implementations of the exact and one-bit router gradients compute the same
+maths (DESIGN.md §2.7): "gather" (below, the reference twin: one gather of
+B·T·R rows per candidate) and "blocks" (`surrogate_blocks`: one gather of all
+of a window's candidate rows, windows in chunks). The choice is
+`surrogate_impl=`, else the module default (`use_surrogate_impl`), "auto":
+whichever `experiments.bench.layer` measured faster for that surrogate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -27,6 +35,44 @@ import jax.numpy as jnp
 from lngram_jax import checks
 from lngram_jax.addressing import codes_from_logits, ngram_rows, shift_left, shift_right
 from lngram_jax.config import SURROGATES
+from lngram_jax.surrogate_blocks import surrogate_logit_grad_blocks
+
+SURROGATE_IMPLS = ("auto", "gather", "blocks")
+_default_impl = ["auto"]
+# What "auto" runs: what experiments.bench.layer measured faster (BENCHMARKS.md,
+# issue 14). fwd+bwd over `none`, same run, CPU: shape cpu_r16 onebit 1.36-1.43x
+# blocks vs 1.84-1.89x gather; exact 1.76x vs 2.05x in one run of three, even
+# within noise in the other two; gpu_width onebit 1.02x vs 1.17x, exact 1.28x
+# vs 1.62x.
+_AUTO_IMPL = {"onebit": "blocks", "exact": "blocks"}
+
+
+def resolve_surrogate_impl(impl: str | None, surrogate: str) -> str:
+  """The implementation ("gather" or "blocks") that `impl` runs for `surrogate`."""
+  impl = default_surrogate_impl() if impl is None else impl
+  _check_impl(impl)
+  return _AUTO_IMPL.get(surrogate, "gather") if impl == "auto" else impl
+
+
+def default_surrogate_impl() -> str:
+  return _default_impl[0]
+
+
+@contextlib.contextmanager
+def use_surrogate_impl(impl: str):
+  """Lookups traced inside this context default to `impl` (benchmarks, tests)."""
+  _check_impl(impl)
+  previous = _default_impl[0]
+  _default_impl[0] = impl
+  try:
+    yield
+  finally:
+    _default_impl[0] = previous
+
+
+def _check_impl(impl):
+  if impl not in SURROGATE_IMPLS:
+    raise ValueError(f"surrogate_impl={impl!r} is not one of {SURROGATE_IMPLS}.")
 
 
 def ngram_lookup(
@@ -40,6 +86,7 @@ def ngram_lookup(
     surrogate: str = "onebit",
     tau: float = 1.0,
     scale: float = 1.0,
+    surrogate_impl: str | None = None,
 ) -> jnp.ndarray:
   """Hard n-gram lookup mem[b, t, r] = E[row(b, t, r)], zero at invalid windows.
 
@@ -51,6 +98,8 @@ def ngram_lookup(
     valid: optional bool [B, T] token mask (padding reads nothing).
     surrogate: "exact", "onebit", "ste" or "none" (router gradient only).
     tau, scale: τ and λ.
+    surrogate_impl: "auto", "gather" or "blocks" (same values); None: the module
+      default.
 
   Returns:
     mem_BxTxRxDm in the table's dtype.
@@ -69,10 +118,12 @@ def ngram_lookup(
     raise ValueError(
         f"ngram_lookup: table has {table_ExDm.shape[0]} rows; order={order}, "
         f"R={R}, bits={bits} need R*C^n = {rows_expected}.")
+  impl = default_surrogate_impl() if surrogate_impl is None else surrogate_impl
+  _check_impl(impl)
   codes_BxTxR = codes_from_logits(logits_BxTxRxM)
   rows_BxTxR, valid_BxT = ngram_rows(
       codes_BxTxR, order=order, bits=bits, segment_ids=segment_ids, valid=valid)
-  return _lookup(order, bits, surrogate, float(tau), float(scale),
+  return _lookup(order, bits, surrogate, float(tau), float(scale), impl,
                  table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT)
 
 
@@ -82,26 +133,26 @@ def gather_rows(table_ExDm, rows_BxTxR, valid_BxT):
   return mem_BxTxRxDm * valid_BxT[:, :, None, None].astype(table_ExDm.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _lookup(order, bits, surrogate, tau, scale, table, logits, codes, rows, valid):
-  del order, bits, surrogate, tau, scale, logits, codes
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _lookup(order, bits, surrogate, tau, scale, impl, table, logits, codes, rows, valid):
+  del order, bits, surrogate, tau, scale, impl, logits, codes
   return gather_rows(table, rows, valid)
 
 
-def _lookup_fwd(order, bits, surrogate, tau, scale, table, logits, codes, rows, valid):
-  del order, bits, surrogate, tau, scale
+def _lookup_fwd(order, bits, surrogate, tau, scale, impl, table, logits, codes, rows, valid):
+  del order, bits, surrogate, tau, scale, impl
   mem = gather_rows(table, rows, valid)
   return mem, (table, logits, codes, rows, valid)
 
 
-def _lookup_bwd(order, bits, surrogate, tau, scale, residuals, g_BxTxRxDm):
+def _lookup_bwd(order, bits, surrogate, tau, scale, impl, residuals, g_BxTxRxDm):
   table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT = residuals
   acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
   g_BxTxRxDm = g_BxTxRxDm.astype(acc) * valid_BxT[:, :, None, None].astype(acc)
   d_table = table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm)
   d_logits = surrogate_logit_grad(
       table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, g_BxTxRxDm,
-      order=order, bits=bits, surrogate=surrogate, tau=tau, scale=scale)
+      order=order, bits=bits, surrogate=surrogate, tau=tau, scale=scale, impl=impl)
   return d_table, d_logits.astype(logits_BxTxRxM.dtype), None, None, None
 
 
@@ -124,15 +175,20 @@ def _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm):
 
 
 def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
-                         g_BxTxRxDm, *, order, bits, surrogate, tau, scale):
+                         g_BxTxRxDm, *, order, bits, surrogate, tau, scale, impl=None):
   """The router-logit cotangent of one order, summed over windows and slots.
 
-  `g_BxTxRxDm` must already be zero at invalid windows.
+  `g_BxTxRxDm` must already be zero at invalid windows. `impl` as
+  `ngram_lookup`'s `surrogate_impl`; "gather" is the code below.
   """
   acc = g_BxTxRxDm.dtype
   z_BxTxRxM = logits_BxTxRxM.astype(acc)
   if surrogate == "none":
     return jnp.zeros_like(z_BxTxRxM)
+  if resolve_surrogate_impl(impl, surrogate) == "blocks" and surrogate in ("exact", "onebit"):
+    return surrogate_logit_grad_blocks(
+        table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, order=order, bits=bits,
+        surrogate=surrogate, tau=tau, scale=scale)
   C = 2**bits
   hard_BxTxR = None
   if surrogate in ("onebit", "ste"):

@@ -2,11 +2,14 @@
 
     python -m experiments.bench.layer                        # --shape cpu on CPU, gpu otherwise
     python -m experiments.bench.layer --shape gpu --repeats 20 --json bench_gpu.json
+    python -m experiments.bench.layer --shape cpu_r16 --readouts absorbed --repeats 7
 
 Times, in one run, the layer's forward and forward+backward (gradients of a sum
 of the output with respect to every parameter and to the input) per readout
 form (literal, streaming, absorbed; one-bit surrogate) and per surrogate mode
-(none, onebit, exact, ste; absorbed readout), the dense layer of
+(none, onebit, exact, ste; absorbed readout), the one-bit and exact surrogates
+also with each other backward implementation of `--surrogate-impls` (rows
+"... (gather)": the reference twin of `lngram_jax.lookup`), the dense layer of
 `bench_dense.py`, and the readout functions alone (literal vs absorbed). Each
 number is the median of `--repeats` runs after warm-up, every run ended by
 `jax.block_until_ready`. Then it checks the targets of the issue:
@@ -14,11 +17,14 @@ number is the median of `--repeats` runs after warm-up, every run ended by
   1. absorbed readout fwd+bwd at least 3x faster than literal (readout alone);
   2. one-bit surrogate backward (fwd+bwd minus fwd) at most 2x the `none` one;
   3. the whole layer (absorbed, one-bit) no slower than the dense layer, forward
-     and forward+backward (the issue sets this at the gpu shape).
+     and forward+backward (the issue sets this at the gpu shape);
+  4. issue 14: one-bit forward+backward at most 1.3x the `none` one, exact at
+     most 1.6x (absorbed readout, default surrogate implementation).
 
 On shared CPUs only the ratios mean something. Shapes: `tiny` (smoke test),
 `cpu` (d 256, R 64, M 4, mem 32, Hq 4, Hkv 2, B 2, T 128, float32) and `gpu`
-(d 2048, R 64, M 4, mem 128, Hq 16, Hkv 8, dh 128, B 8, T 1024, bfloat16). The
+(d 2048, R 64, M 4, mem 128, Hq 16, Hkv 8, dh 128, B 8, T 1024, bfloat16),
+`cpu_r16` (issue 14's: d 256, R 16, M 4, mem 64, Hq 4, Hkv 2, B 4, T 512). The
 streaming form runs R/4 routes per chunk so that it really streams.
 """
 
@@ -38,6 +44,12 @@ from flax import nnx
 from experiments.bench.dense import DenseDecoderLayer
 from lngram_jax.config import READOUTS, SURROGATES, LngramConfig, sink_logit
 from lngram_jax.layer import LngramV2
+from lngram_jax.lookup import (
+    SURROGATE_IMPLS,
+    default_surrogate_impl,
+    resolve_surrogate_impl,
+    use_surrogate_impl,
+)
 from lngram_jax.readout import absorbed_readout, literal_readout
 
 
@@ -68,7 +80,11 @@ SHAPES = {
     # Table gradients cost the same per step at any token count, so this is the
     # pessimistic side for Lngram against the dense layer.
     "gpu_width": BenchShape(2048, 64, 4, 128, 16, 8, 128, 1, 1024, "float32"),
+    # Issue 14's CPU shape: fewer routes, wider memory, more tokens than `cpu`.
+    "cpu_r16": BenchShape(256, 16, 4, 64, 4, 2, 64, 4, 512, "float32"),
 }
+# Surrogates whose backward has more than one implementation (lookup.SURROGATE_IMPLS).
+IMPL_SURROGATES = ("onebit", "exact")
 LAYER_READOUTS = ("literal", "streaming", "absorbed")
 
 
@@ -81,12 +97,17 @@ def layer_config(shape: BenchShape, readout: str, surrogate: str) -> LngramConfi
       dtype=dtype, param_dtype=dtype)
 
 
-def module_fns(model: nnx.Module, h_BxTxD):
-  """Jitted forward and forward+backward of a module (functional split/merge)."""
+def module_fns(model: nnx.Module, h_BxTxD, surrogate_impl: str | None = None):
+  """Jitted forward and forward+backward of a module (functional split/merge).
+
+  `surrogate_impl` is in force while the lookups are traced (None: the default).
+  """
   graphdef, state = nnx.split(model)
+  impl = surrogate_impl or default_surrogate_impl()
 
   def forward(state, h):
-    return nnx.merge(graphdef, state)(h)
+    with use_surrogate_impl(impl):
+      return nnx.merge(graphdef, state)(h)
 
   def loss(state, h):
     return jnp.sum(forward(state, h).astype(jnp.float32))
@@ -150,7 +171,8 @@ def live_lngram(config: LngramConfig, seed: int = 0) -> LngramV2:
 
 
 def run(shape: BenchShape, *, readouts=LAYER_READOUTS, surrogates=SURROGATES,
-        repeats: int = 5, warmup: int = 1, attention: str = "xla", log=print) -> dict:
+        surrogate_impls=(), repeats: int = 5, warmup: int = 1, attention: str = "xla",
+        log=print) -> dict:
   """Times every variant; returns rows keyed by name and the target verdicts."""
   dtype = jnp.dtype(shape.dtype)
   h_BxTxD = _normal((shape.batch, shape.time, shape.d_model), 1.0, dtype, seed=42)
@@ -164,6 +186,14 @@ def run(shape: BenchShape, *, readouts=LAYER_READOUTS, surrogates=SURROGATES,
   for readout, surrogate in layers:
     model = live_lngram(layer_config(shape, readout, surrogate))
     variants[f"lngram {readout} / {surrogate}"] = module_fns(model, h_BxTxD)
+    if readout != "absorbed" or surrogate not in IMPL_SURROGATES:
+      continue
+    # The same layer with another backward, timed in the same round robin.
+    default = resolve_surrogate_impl(None, surrogate)
+    for impl in surrogate_impls:
+      if resolve_surrogate_impl(impl, surrogate) != default:
+        variants[f"lngram {readout} / {surrogate} ({impl})"] = module_fns(
+            model, h_BxTxD, impl)
   for name, form in (("literal", literal_readout), ("absorbed", absorbed_readout)):
     variants[f"readout only: {name}"] = readout_fns(form, shape)
   timers = {}
@@ -176,6 +206,10 @@ def run(shape: BenchShape, *, readouts=LAYER_READOUTS, surrogates=SURROGATES,
   for row in rows.values():
     row["fwd_vs_dense"] = row["fwd_ms"] / dense_row["fwd_ms"]
     row["fwd_bwd_vs_dense"] = row["fwd_bwd_ms"] / dense_row["fwd_bwd_ms"]
+  none_row = rows.get("lngram absorbed / none")
+  for name, row in rows.items():
+    if none_row and name.startswith("lngram absorbed / "):
+      row["fwd_bwd_vs_none"] = row["fwd_bwd_ms"] / none_row["fwd_bwd_ms"]
   return {"rows": rows, "targets": check_targets(rows)}
 
 
@@ -205,6 +239,14 @@ def check_targets(rows: dict) -> list[dict]:
     targets.append(dict(
         name="layer (absorbed, onebit) no slower than the dense layer", value=max(fwd, fb),
         passed=fwd <= 1.0 and fb <= 1.0, detail=f"fwd {fwd:.2f}x, fwd+bwd {fb:.2f}x dense"))
+  for surrogate, limit in (("onebit", 1.3), ("exact", 1.6)):
+    row = rows.get(f"lngram absorbed / {surrogate}")
+    if row and none:
+      ratio = row["fwd_bwd_ms"] / none["fwd_bwd_ms"]
+      targets.append(dict(
+          name=f"{surrogate} fwd+bwd <= {limit}x the `none` fwd+bwd", value=ratio,
+          passed=ratio <= limit,
+          detail=f"{row['fwd_bwd_ms']:.2f} ms vs {none['fwd_bwd_ms']:.2f} ms = {ratio:.2f}x"))
   return targets
 
 
@@ -215,6 +257,16 @@ def format_table(rows: dict) -> str:
     lines.append(f"| {name} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | {r['bwd_ms']:.2f} "
                  f"| {r['fwd_vs_dense']:.2f}x | {r['fwd_bwd_vs_dense']:.2f}x |")
   return "\n".join(lines)
+
+
+def format_surrogate_ratios(rows: dict) -> str:
+  """fwd+bwd of every absorbed surrogate row over the `none` one (same run)."""
+  lines = ["| surrogate (absorbed) | fwd+bwd ms | fwd+bwd / none |", "| --- | ---: | ---: |"]
+  for name, r in rows.items():
+    if "fwd_bwd_vs_none" in r:
+      label = name.removeprefix("lngram absorbed / ")
+      lines.append(f"| {label} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_vs_none']:.2f}x |")
+  return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def format_targets(targets: list[dict], shape_name: str) -> str:
@@ -246,6 +298,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--surrogates", default=",".join(SURROGATES),
                       type=lambda v: _csv(v, SURROGATES, "--surrogates"),
                       help="comma-separated surrogate modes (absorbed readout)")
+  parser.add_argument("--surrogate-impls", default="gather,blocks",
+                      type=lambda v: _csv(v, SURROGATE_IMPLS, "--surrogate-impls"),
+                      help="backward implementations timed for the one-bit and exact "
+                           f"surrogates (default implementation: {default_surrogate_impl()})")
   parser.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
                       help="attention implementation of the dense layer")
   parser.add_argument("--json", default=None, metavar="PATH", help="also write results here")
@@ -264,13 +320,17 @@ def main(argv=None) -> dict:
   print(f"jax {jax.__version__}, {device.platform} ({device.device_kind}), "
         f"median of {args.repeats} after {args.warmup} warm-up")
   result = run(shape, readouts=args.readouts, surrogates=args.surrogates,
-               repeats=args.repeats, warmup=args.warmup, attention=args.attention)
+               surrogate_impls=args.surrogate_impls, repeats=args.repeats, warmup=args.warmup, attention=args.attention)
   print(format_table(result["rows"]))
+  ratios = format_surrogate_ratios(result["rows"])
+  if ratios:
+    print(ratios)
   print(format_targets(result["targets"], shape_name))
   result.update(shape_name=shape_name, shape=dataclasses.asdict(shape),
                 jax_version=jax.__version__, platform=device.platform,
                 device_kind=device.device_kind, repeats=args.repeats, warmup=args.warmup,
-                attention=args.attention)
+                attention=args.attention, surrogate_impls=list(args.surrogate_impls),
+                default_surrogate_impl=default_surrogate_impl())
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=2)
