@@ -56,3 +56,10 @@ def test_finished_means_the_final_evaluation_was_written(tmp_path, monkeypatch):
   _fake_run(tmp_path, "main/pkm_s0", [(600, 2.1)])
   _fake_run(tmp_path, "main/pkm_s1", [(200, 2.9), (400, 2.4)])
   assert reproduce.finished(done) and not reproduce.finished(cut)
+
+
+def test_verdicts():
+  assert report.verdict([2.0, 2.01], [2.2, 2.21]).startswith("reproduced")
+  assert report.verdict([2.2, 2.21], [2.0, 2.01]).startswith("not reproduced")
+  assert report.verdict([2.0, 2.2], [2.05, 2.25]).startswith("inconclusive")
+  assert report.verdict([2.0], [2.2, 2.3]).startswith("pending")
