@@ -46,7 +46,10 @@ def param_group(path: tuple[str, ...]) -> str:
   """The optimiser group of a parameter from its path components."""
   if "memory" in path and "tables" in path:
     return "table"
-  if path[-1] == "router_w" or any("norm" in part for part in path):
+  # Memory-branch biases (b_k, b_v of Engram and Lngram v1) and norm scales are not
+  # decayed, as usual (other modules' groups stay as their recorded runs had them).
+  is_memory_bias = "memory" in path and str(path[-1]).startswith("b_")
+  if path[-1] == "router_w" or is_memory_bias or any("norm" in str(part) for part in path):
     return "no_decay"
   return "decay"
 

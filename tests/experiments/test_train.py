@@ -102,12 +102,12 @@ def test_optimizer_groups_and_table_lr():
                            "attn": {"w_q": jnp.ones((2, 2))},
                            "memory": {"router_w": jnp.ones((2, 4)), "q_norm": jnp.ones(2),
                                       "tables": {0: jnp.ones((8, 2)), 1: jnp.ones((16, 2))},
-                                      "w_o": jnp.ones((2, 2))}}}}
+                                      "w_o": jnp.ones((2, 2)), "b_k": jnp.ones(2)}}}}
   labels = optim_lib.param_labels(params)
   assert labels["embed"]["table"] == "decay"
   lngram = labels["blocks"][0]["memory"]
   assert lngram["tables"] == {0: "table", 1: "table"}
-  assert lngram["router_w"] == lngram["q_norm"] == "no_decay"
+  assert lngram["router_w"] == lngram["q_norm"] == lngram["b_k"] == "no_decay"
   assert lngram["w_o"] == labels["blocks"][0]["attn"]["w_q"] == "decay"
   assert labels["blocks"][0]["attn_norm"]["scale"] == "no_decay"
 
