@@ -154,6 +154,7 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
   last_eval, interrupted = {}, False
   pending = None  # (step, device metrics) not yet fetched
   clock = _Clock(start)
+  profile = _Profile(tc.get("profile_steps", ()), workdir)
   step = start
   t0 = time.perf_counter()
   finished = False   # a failure in flight wins over a second one from closing
@@ -167,12 +168,16 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
           state["opt_state"] = txs[phase].init(state["params"])
           log.info("step %d: phase %d of %d (%d steps)", step, phase + 1, len(ends),
                    task.phases[phase])
+        profile.before(step)
+        t_data = time.perf_counter()
         batch = next(task.batches)
         if task.prepare is not None:
           batch = task.prepare(module(), batch, step)
+        clock.data_s += time.perf_counter() - t_data
         if callback is not None:
           callback(step, batch)
         state, metrics = train_step(phase)(state, rest, batch)
+        profile.after(step, metrics)
         # Fetch the previous step's metrics while this one runs.
         if pending is not None:
           _check_and_log(*pending, writer, progress, clock, tc.log_every, task.tokens_per_step)
@@ -197,6 +202,7 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
     raise FloatingPointError(
         f"{e} Last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory}.") from None
   finally:
+    profile.stop()
     progress.close()
     writer.close()
     try:
@@ -302,28 +308,70 @@ def _resume(ckpt: Checkpointer, state, task: Task, config):
 
 
 class _Clock:
-  """Tokens/s between logged steps (wall time, measured on fetched metrics)."""
+  """Tokens/s and the step-time split between logged steps (wall time, on fetched metrics).
+
+  time/step_s: wall seconds per step; time/data_s: of which waiting for the batch
+  (and the task's host-side `prepare`); time/sync_s: of which fetching metrics to
+  the host (the device catching up). The rest is dispatch, logging, evaluation and
+  checkpoints.
+  """
 
   def __init__(self, step):
     self.step, self.time = step, time.perf_counter()
+    self.data_s = self.sync_s = 0.0
 
   def rate(self, step, tokens_per_step):
+    """(tokens/s, {time/...}) since the last call; restarts the interval."""
     now = time.perf_counter()
-    rate = (step - self.step) * tokens_per_step / max(now - self.time, 1e-9)
-    self.step, self.time = step, now
-    return rate
+    steps = max(step - self.step, 1)
+    wall = max(now - self.time, 1e-9)
+    split = {"time/step_s": wall / steps, "time/data_s": self.data_s / steps,
+             "time/sync_s": self.sync_s / steps}
+    rate = (step - self.step) * tokens_per_step / wall
+    self.step, self.time, self.data_s, self.sync_s = step, now, 0.0, 0.0
+    return rate, split
+
+
+class _Profile:
+  """`train.profile_steps=(a, b)`: a JAX profiler trace of steps a..b in <workdir>/profile
+  (open it with TensorBoard's profile plugin or Perfetto)."""
+
+  def __init__(self, steps, workdir: Path):
+    steps = tuple(int(s) for s in (steps or ()))
+    if steps and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
+      raise ValueError(f"train.profile_steps={steps} must be (first, last) with "
+                       "1 <= first <= last.")
+    self.steps, self.directory, self.active = steps, workdir / "profile", False
+
+  def before(self, step):
+    if self.steps and step == self.steps[0] and not self.active:
+      jax.profiler.start_trace(str(self.directory))
+      self.active = True
+
+  def after(self, step, metrics):
+    if self.active and step >= self.steps[1]:
+      jax.block_until_ready(metrics)
+      self.stop()
+
+  def stop(self):
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False
+      log.info("profile of steps %d..%d written to %s", *self.steps, self.directory)
 
 
 def _check_and_log(step, metrics, writer, progress, clock, log_every, tokens_per_step):
+  t_sync = time.perf_counter()
   host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  clock.sync_s += time.perf_counter() - t_sync
   for key, value in host.items():
     if not np.isfinite(value):
       raise FloatingPointError(
           f"step {step}: {key} = {value} is not finite; training stopped.")
   progress.update(step, host["train/loss"])
   if step % log_every == 0:
-    host["train/tokens_per_s"] = clock.rate(step, tokens_per_step)
-    writer.write(step, host)
+    host["train/tokens_per_s"], split = clock.rate(step, tokens_per_step)
+    writer.write(step, host | split)
 
 
 class _StopOnSignal(contextlib.AbstractContextManager):

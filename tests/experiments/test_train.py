@@ -194,3 +194,18 @@ def test_lngram_metrics_hand_case():
   assert summary["lngram/0/sink_mass"] == pytest.approx(0.75)
   assert summary["lngram/0/dead_code_frac"] == pytest.approx(0.25)
   assert summary["lngram/0/rows_touched/2"] == pytest.approx(3 / 16)
+
+
+def test_step_time_split_and_profiler_trace(tmp_path, smoke_config):
+  workdir = tmp_path / "run"
+  train(smoke_config(steps=3, log_every=1, eval_every=3, ckpt_every=3,
+                     profile_steps=(2, 3)), workdir)
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  timed = [r for r in rows if "time/step_s" in r]
+  assert [r["step"] for r in timed] == [1, 2, 3]
+  for r in timed:
+    assert r["time/step_s"] > 0 and 0 <= r["time/data_s"] <= r["time/step_s"]
+    assert 0 <= r["time/sync_s"] <= r["time/step_s"]
+  assert list((workdir / "profile").rglob("*.xplane.pb")), "no profiler trace written"
+  with pytest.raises(ValueError, match="profile_steps"):
+    train(smoke_config(steps=3, profile_steps=(3, 2)), tmp_path / "bad")
