@@ -24,6 +24,7 @@ from experiments.models import DecoderLM
 from experiments.models.config import lm_config
 from experiments.train import lngram_metrics, memory_metrics
 from experiments.train.insertion import insert_into
+from experiments.train.step import WEIGHT
 from experiments.train.task import Task, saved_config
 
 LN2 = math.log(2.0)
@@ -53,7 +54,10 @@ def lm_loss(model, batch):
   loss_sum = (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum()
   loss = loss_sum / jnp.maximum(mask_BxT.sum(), 1.0)
   extra_loss, metrics = memory_metrics.loss_terms(aux)
-  return loss + extra_loss, {"train/bits_per_byte": loss / LN2, **metrics}
+  # WEIGHT: the tokens averaged over, so gradient accumulation weighs micro-batches
+  # by them and reproduces the full batch's mean (experiments/train/step.py).
+  return loss + extra_loss, {"train/bits_per_byte": loss / LN2, **metrics,
+                             WEIGHT: mask_BxT.sum()}
 
 
 def make_eval_step(graphdef, memory_config):

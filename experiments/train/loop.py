@@ -129,7 +129,8 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
     if phase not in steps_by_phase:
       lr_fn = optim_lib.learning_rate_schedule(task.optim, task.phases[phase])
       steps_by_phase[phase] = step_lib.make_train_step(
-          graphdef, txs[phase], lr_fn, task.loss, phase_start=ends[phase] - task.phases[phase])
+          graphdef, txs[phase], lr_fn, task.loss, phase_start=ends[phase] - task.phases[phase],
+          grad_accum=int(tc.get("grad_accum", 1)))
     return steps_by_phase[phase]
 
   def module():

@@ -8,27 +8,73 @@ it is jitted with the state donated and checkpointed with orbax as plain trees.
 
 The loss hook is `loss_fn(module, batch) -> (loss, metrics)`; the step adds
 train/loss, train/grad_norm, train/param_norm and train/lr.
+
+Gradient accumulation (`grad_accum=k`): the batch is split along its leading
+axis into k micro-batches, run one after another (`lax.scan`, so only one
+micro-batch's activations are alive), and their losses, metrics and gradients
+averaged with weights: a loss hook that reports `WEIGHT` (its loss's
+denominator, e.g. the tokens it averaged over) gets Σ w_i·loss_i / Σ w_i, the
+full batch's mean exactly (up to float reassociation); otherwise micro-batches
+weigh equally. One optimiser update per step either way.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
+WEIGHT = "weight"   # a loss hook's metric: the denominator of its mean loss
 
-def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0):
+
+def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
+                    grad_accum: int = 1):
   """step(state, rest, batch) -> (state, metrics); jitted with the state donated.
 
   `lr_fn` is the phase's base schedule, read at the phase-local step
   (`state["step"] - phase_start`, which is also the optimiser's own count).
+  `grad_accum` splits each batch into that many micro-batches (module docstring).
   """
+  if not isinstance(grad_accum, int) or grad_accum < 1:
+    raise ValueError(f"train.grad_accum={grad_accum!r} must be a positive int.")
+
+  def objective(params, rest, batch):
+    return loss_fn(nnx.merge(graphdef, params, rest), batch)
+
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+  def accumulated(params, rest, batch):
+    def split(x):
+      if x.shape[0] % grad_accum:
+        raise ValueError(f"train.grad_accum={grad_accum} does not divide the batch of "
+                         f"{x.shape[0]} rows.")
+      return x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:])
+
+    def micro(carry, mb):
+      (loss, extra), grads = grad_fn(params, rest, mb)
+      w = extra.pop(WEIGHT, jnp.ones((), jnp.float32)).astype(jnp.float32)
+      scaled = jax.tree.map(lambda a: w * a.astype(jnp.float32), (loss, extra, grads))
+      total = scaled if carry is None else jax.tree.map(jnp.add, carry[0], scaled)
+      return (total, (w if carry is None else carry[1] + w)), None
+
+    # The first micro-batch seeds the carry's structure; the rest are scanned.
+    micro_batches = jax.tree.map(split, batch)
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    rest_mb = jax.tree.map(lambda x: x[1:], micro_batches)
+    carry, _ = micro(None, first)
+    carry, _ = jax.lax.scan(micro, carry, rest_mb)
+    (loss, extra, grads), weight = carry
+    loss, extra, grads = jax.tree.map(lambda a: a / weight, (loss, extra, grads))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return (loss, extra), grads
 
   def step(state, rest, batch):
-    def objective(params):
-      return loss_fn(nnx.merge(graphdef, params, rest), batch)
-
-    (loss, extra), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
+    if grad_accum == 1:
+      (loss, extra), grads = grad_fn(state["params"], rest, batch)
+      extra = {k: v for k, v in extra.items() if k != WEIGHT}
+    else:
+      (loss, extra), grads = accumulated(state["params"], rest, batch)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = {

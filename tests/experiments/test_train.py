@@ -209,3 +209,43 @@ def test_step_time_split_and_profiler_trace(tmp_path, smoke_config):
   assert list((workdir / "profile").rglob("*.xplane.pb")), "no profiler trace written"
   with pytest.raises(ValueError, match="profile_steps"):
     train(smoke_config(steps=3, profile_steps=(3, 2)), tmp_path / "bad")
+
+
+def test_grad_accum_equals_one_full_batch():
+  """Two micro-batches of 2 rows == one batch of 4, even with unequal token counts
+  (micro-batches are weighted by the tokens their mean runs over)."""
+  from flax import nnx
+
+  from experiments.configs import load_config
+  from experiments.models import DecoderLM, lm_config
+  from experiments.train import step as step_lib
+  from experiments.train.lm_task import lm_loss
+
+  config = load_config("experiments/configs/lm_lngram.py:smoke")
+  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  tx = optim_lib.make_optimizer(config.optim, params, 10)
+  lr = optim_lib.learning_rate_schedule(config.optim, 10)
+  B, T = 4, 16
+  tokens = jax.random.randint(jax.random.key(0), (B, T + 1), 0, 256, dtype=jnp.int32)
+  mask = np.ones((B, T), np.float32)
+  mask[0, :5] = 0   # the first micro-batch averages over fewer tokens
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+           "segment_ids": jnp.ones((B, T), jnp.int32),
+           "positions": jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)),
+           "loss_mask": jnp.asarray(mask)}
+  results = []
+  for k in (1, 2):
+    state = {"params": jax.tree.map(jnp.array, params), "opt_state": tx.init(params),
+             "step": jnp.zeros((), jnp.int32)}
+    train_step = step_lib.make_train_step(graphdef, tx, lr, lm_loss, grad_accum=k)
+    results.append(train_step(state, rest, batch))
+  (full, m_full), (acc, m_acc) = results
+  assert "weight" not in m_full and "weight" not in m_acc
+  for key in ("train/loss", "train/bits_per_byte", "train/grad_norm"):
+    np.testing.assert_allclose(m_acc[key], m_full[key], rtol=1e-5, err_msg=key)
+  for a, b in zip(jax.tree.leaves(acc["params"]), jax.tree.leaves(full["params"]), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  with pytest.raises(ValueError, match="grad_accum=3"):
+    step_lib.make_train_step(graphdef, tx, lr, lm_loss, grad_accum=3)(state, rest, batch)
