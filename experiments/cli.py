@@ -48,7 +48,7 @@ COMMANDS = {
 # Config fields a config file need not define: the loop reads them with
 # `config.train.get(name, default)`.
 EXTRA_FIELDS = {"train.allow_config_change": False, "train.profile_steps": (),
-                "train.grad_accum": 1}
+                "train.grad_accum": 1, "optim.state_dtype": ""}
 
 # `--config` and `--config.<field>=<value>` are parsed here, not by absl's
 # config_flags, so that a typo'd field is one line naming the closest field.

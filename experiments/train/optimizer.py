@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
 GROUPS = ("decay", "no_decay", "table")
@@ -86,6 +87,21 @@ def learning_rate_schedule(optim, total_steps: int, *, multiplier: float = 1.0):
       decay_steps=max(total_steps, warmup + 1), end_value=peak * optim.min_lr_ratio)
 
 
+STATE_DTYPES = ("float32", "bfloat16")
+
+
+def state_dtype(optim):
+  """`optim.state_dtype` (optional): the dtype of AdamW's first moment, the mixed-
+  precision policy's optimiser state ("float32" or "bfloat16"; None = the
+  parameters' dtype). optax keeps the second moment in the parameters' dtype."""
+  name = optim.get("state_dtype", None) or None
+  if name is None:
+    return None
+  if name not in STATE_DTYPES:
+    raise ValueError(f"optim.state_dtype={name!r} is not one of {STATE_DTYPES}.")
+  return jnp.dtype(name)
+
+
 def make_optimizer(optim, params, total_steps: int, *,
                    trainable: Callable[[str], bool] | None = None
                    ) -> optax.GradientTransformation:
@@ -96,8 +112,9 @@ def make_optimizer(optim, params, total_steps: int, *,
   """
   base = learning_rate_schedule(optim, total_steps)
   table = learning_rate_schedule(optim, total_steps, multiplier=optim.table_lr_mult)
+  mu_dtype = state_dtype(optim)
   adamw = lambda lr, wd: optax.adamw(lr, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                                     weight_decay=wd)
+                                     weight_decay=wd, mu_dtype=mu_dtype)
   labels = param_labels(params, trainable)
   transforms = {"decay": adamw(base, optim.weight_decay), "no_decay": adamw(base, 0.0),
                 "table": adamw(table, 0.0)}

@@ -249,3 +249,16 @@ def test_grad_accum_equals_one_full_batch():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
   with pytest.raises(ValueError, match="grad_accum=3"):
     step_lib.make_train_step(graphdef, tx, lr, lm_loss, grad_accum=3)(state, rest, batch)
+
+
+def test_optimizer_state_dtype():
+  params = {"w": jnp.ones((3, 2), jnp.float32)}
+  optim = ml_collections.ConfigDict(dict(
+      lr=1e-2, table_lr_mult=4.0, weight_decay=0.5, b1=0.9, b2=0.95, eps=1e-12,
+      warmup_steps=0, min_lr_ratio=1.0, clip_norm=1e9, state_dtype="bfloat16"))
+  state = optim_lib.make_optimizer(optim, params, 10).init(params)
+  mus = [leaf for leaf in jax.tree.leaves(state) if getattr(leaf, "shape", ()) == (3, 2)]
+  assert {leaf.dtype for leaf in mus} == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)}
+  optim.state_dtype = "float8"
+  with pytest.raises(ValueError, match="optim.state_dtype"):
+    optim_lib.make_optimizer(optim, params, 10)
