@@ -10,7 +10,7 @@ tables and plots of RESULTS.md. Every run is an ordinary training command: the s
 the parameters (`train.seed`) and the batch order (`data.seed`); data, steps, optimiser and
 schedule are those of the config files, the same for every arm.
 
-Experiments (the issue's numbering):
+Experiments:
   main       baseline, Lngram v2 r16 and r64, Lngram v1, PKM, Engram, the sparse FFN
              matched to r16; three seeds (Tables 2 and 4)
   surrogate  exact, one-bit, ste, none; two seeds for one-bit and ste (App. A.5)

@@ -40,8 +40,8 @@ from lngram_jax.surrogate_blocks import surrogate_logit_grad_blocks
 SURROGATE_IMPLS = ("auto", "gather", "blocks")
 _default_impl = ["auto"]
 # What "auto" runs: what experiments.bench.layer measured faster (BENCHMARKS.md,
-# issue 14). fwd+bwd over `none`, same run, CPU: shape cpu_r16 onebit 1.36-1.43x
-# blocks vs 1.84-1.89x gather; exact 1.76x vs 2.05x in one run of three, even
+# "Surrogate backward in blocks"). fwd+bwd over `none`, same run, CPU: shape
+# cpu_r16 onebit 1.36-1.43x blocks vs 1.84-1.89x gather; exact 1.76x vs 2.05x in one run of three, even
 # within noise in the other two; gpu_width onebit 1.02x vs 1.17x, exact 1.28x
 # vs 1.62x.
 _AUTO_IMPL = {"onebit": "blocks", "exact": "blocks"}

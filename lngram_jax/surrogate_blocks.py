@@ -29,7 +29,7 @@ from lngram_jax.addressing import shift_left, shift_right
 
 # Bytes of gathered candidate rows alive at once. On CPU the rows of a chunk stay
 # in cache between the gather and the dot: 3-4x faster than gathering all
-# B·T·R windows first (issue 14's shape; 1-4 MiB measured alike). Elsewhere
+# B·T·R windows first (shape cpu_r16 of the layer bench; 1-4 MiB measured alike). Elsewhere
 # chunks only bound memory (the exact surrogate's rows at the gpu shape would
 # be ~13 GB at once).
 _CHUNK_BYTES = {"cpu": 2 << 20}

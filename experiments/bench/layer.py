@@ -18,13 +18,13 @@ number is the median of `--repeats` runs after warm-up, every run ended by
   2. one-bit surrogate backward (fwd+bwd minus fwd) at most 2x the `none` one;
   3. the whole layer (absorbed, one-bit) no slower than the dense layer, forward
      and forward+backward (the issue sets this at the gpu shape);
-  4. issue 14: one-bit forward+backward at most 1.3x the `none` one, exact at
+  4. one-bit forward+backward at most 1.3x the `none` one, exact at
      most 1.6x (absorbed readout, default surrogate implementation).
 
 On shared CPUs only the ratios mean something. Shapes: `tiny` (smoke test),
 `cpu` (d 256, R 64, M 4, mem 32, Hq 4, Hkv 2, B 2, T 128, float32) and `gpu`
 (d 2048, R 64, M 4, mem 128, Hq 16, Hkv 8, dh 128, B 8, T 1024, bfloat16),
-`cpu_r16` (issue 14's: d 256, R 16, M 4, mem 64, Hq 4, Hkv 2, B 4, T 512). The
+`cpu_r16` (the surrogate-backward target shape: d 256, R 16, M 4, mem 64, Hq 4, Hkv 2, B 4, T 512). The
 streaming form runs R/4 routes per chunk so that it really streams.
 """
 

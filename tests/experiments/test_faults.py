@@ -1,4 +1,4 @@
-"""Checkpoints and resume under faults and mistakes (issue 11): nothing lost, one clear line.
+"""Checkpoints and resume under faults and mistakes: nothing lost, one clear line.
 
 Corrupt newest step -> moved aside and saved again; a workdir of another model
 or schedule -> refused before any array is read; read failures -> one warning

@@ -147,7 +147,7 @@ def test_default_impl_and_switch():
     assert lookup.default_surrogate_impl() == "gather"
     assert lookup.resolve_surrogate_impl(None, "onebit") == "gather"
   with use_surrogate_impl("auto"):
-    # What the layer benchmark measured faster (BENCHMARKS.md, issue 14).
+    # What the layer benchmark measured faster (BENCHMARKS.md).
     assert lookup.resolve_surrogate_impl(None, "onebit") == "blocks"
     assert lookup.resolve_surrogate_impl(None, "exact") == "blocks"
     assert lookup.resolve_surrogate_impl(None, "ste") == "gather"  # one form only
