@@ -96,6 +96,7 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
 
 def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirLock) -> dict:
   tc = config.train
+  profile = _Profile(tc.get("profile_steps", ()), workdir)   # checked before anything is built
   task = task or make_task(config, workdir)
   total = task.total_steps
   ends = np.cumsum(task.phases).tolist()   # last step of each phase
@@ -155,7 +156,6 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
   last_eval, interrupted = {}, False
   pending = None  # (step, device metrics) not yet fetched
   clock = _Clock(start)
-  profile = _Profile(tc.get("profile_steps", ()), workdir)
   step = start
   t0 = time.perf_counter()
   finished = False   # a failure in flight wins over a second one from closing
