@@ -1,6 +1,8 @@
 """A tiny trained run shared by the experiment tests (made once per session)."""
 
+import json
 import shutil
+import sys
 
 import pytest
 
@@ -64,3 +66,20 @@ def recording_callbacks(fingerprint, stop_at):
       signal.raise_signal(signal.SIGTERM)
 
   return seen_full, full, seen_cut, cut
+
+
+@pytest.fixture
+def notebook_kernel(tmp_path, monkeypatch) -> str:
+  """The name of a Jupyter kernel spec that runs this interpreter (via JUPYTER_PATH).
+
+  The default `python3` spec may point at another interpreter (or none) on a
+  fresh CI machine; this one always starts the venv running the tests.
+  """
+  name = "lngram-test-python"
+  spec_dir = tmp_path / "jupyter" / "kernels" / name
+  spec_dir.mkdir(parents=True)
+  (spec_dir / "kernel.json").write_text(json.dumps({
+      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+      "display_name": name, "language": "python"}))
+  monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+  return name

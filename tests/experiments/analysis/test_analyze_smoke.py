@@ -2,7 +2,6 @@
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -86,20 +85,9 @@ def test_analyze_tells_lm_from_vlm_runs(smoke_run, tmp_path):
   assert run_kind(tmp_path) == "vlm"   # `lngram-exp analyze` then takes the VLM path
 
 
-def _kernel_for_this_python(tmp_path, monkeypatch) -> str:
-  """A kernel spec that runs this interpreter (as tests/experiments/test_notebook.py does)."""
-  name = "lngram-test-python"
-  spec_dir = tmp_path / "jupyter" / "kernels" / name
-  spec_dir.mkdir(parents=True)
-  (spec_dir / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": name, "language": "python"}))
-  monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-  return name
-
 
 @pytest.mark.slow   # starts a Jupyter kernel
-def test_ids_notebook_runs(smoke_run, tmp_path, monkeypatch):
+def test_ids_notebook_runs(smoke_run, tmp_path, monkeypatch, notebook_kernel):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")
   pytest.importorskip("ipykernel")
@@ -114,7 +102,7 @@ def test_ids_notebook_runs(smoke_run, tmp_path, monkeypatch):
     monkeypatch.setenv(key, value)
   nb = nbformat.read(NOTEBOOK, as_version=4)
   client = nbclient.NotebookClient(
-      nb, kernel_name=_kernel_for_this_python(tmp_path, monkeypatch), timeout=300,
+      nb, kernel_name=notebook_kernel, timeout=300,
       resources={"metadata": {"path": str(ROOT)}})
   client.execute()
   outputs = [out for cell in nb.cells if cell.cell_type == "code"
