@@ -67,7 +67,7 @@ def collect(root: Path) -> dict:
   """{experiment: {name: {"config", "seeds": {seed: {"final", "curve", "tok_s"}}}}}."""
   out: dict = defaultdict(dict)
   for run in reproduce.plan():
-    workdir = root / run.experiment / run.workdir.name
+    workdir = root / run.workdir.relative_to(reproduce.ROOT)
     rows = read_metrics(workdir)
     if not rows:
       continue

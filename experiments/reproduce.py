@@ -40,10 +40,12 @@ class Run:
   seed: int = 0
   overrides: tuple[str, ...] = ()
   after: str | None = None     # a run (experiment/name_sS) that must finish first
+  same_as: str | None = None   # a run of another experiment with the same config and seed:
+                               # this one reads that run's directory instead of training
 
   @property
   def workdir(self) -> Path:
-    return ROOT / self.experiment / f"{self.name}_s{self.seed}"
+    return ROOT / (self.same_as or self.key)
 
   @property
   def key(self) -> str:
@@ -56,8 +58,10 @@ class Run:
             *self.overrides]
 
 
-def _seeds(experiment, name, config, seeds, *overrides):
-  return [Run(experiment, name, config, s, tuple(overrides)) for s in seeds]
+def _seeds(experiment, name, config, seeds, *overrides, same_as=None):
+  """One run per seed; `same_as="main/lngram_r16"` shares that arm's runs of equal seed."""
+  return [Run(experiment, name, config, s, tuple(overrides),
+              same_as=f"{same_as}_s{s}" if same_as else None) for s in seeds]
 
 
 def plan() -> list[Run]:
@@ -67,18 +71,22 @@ def plan() -> list[Run]:
                        ("pkm", "lm_pkm.py"), ("engram", "lm_engram.py"),
                        ("sparse_ffn", "lm_sparse_ffn.py:matched-to=r16")):
     runs += _seeds("main", name, config, (0, 1, 2))
-  for surrogate, seeds in (("onebit", (0, 1)), ("ste", (0, 1)), ("exact", (0,)),
-                           ("none", (0,))):
+  # Runs whose config equals a main arm's (the default Lngram is r16, one-bit, KV 2, with
+  # the sink) read that arm's directories: the same command would train the same model.
+  r16, r64 = "main/lngram_r16", "main/lngram_r64"
+  runs += _seeds("surrogate", "onebit", "lm_lngram.py:onebit", (0, 1), same_as=r16)
+  for surrogate, seeds in (("ste", (0, 1)), ("exact", (0,)), ("none", (0,))):
     runs += _seeds("surrogate", surrogate, f"lm_lngram.py:{surrogate}", seeds)
-  runs += _seeds("sink", "sink", "lm_lngram.py", (0, 1, 2))
+  runs += _seeds("sink", "sink", "lm_lngram.py", (0, 1, 2), same_as=r16)
   runs += _seeds("sink", "nosink", "lm_lngram.py:nosink", (0, 1, 2))
   # Equal tables at d = 128: r64 with 32-wide entries vs r16 with 128-wide ones, 8.91M
   # table parameters per layer each (totals 8.99M vs 9.18M; active 79k vs 275k), the
   # paper's r64/m4/KV8 vs r23/m4/KV8/mem256 contrast scaled down.
-  runs += _seeds("routes", "r64_mem32", "lm_lngram.py:r64", (0,))
+  runs += _seeds("routes", "r64_mem32", "lm_lngram.py:r64", (0,), same_as=r64)
   runs += _seeds("routes", "r16_mem128", "lm_lngram.py:r16,mem128", (0,))
   for kv in (1, 2, 4):
-    runs += _seeds("routes", f"r16_kv{kv}", f"lm_lngram.py:r16,kv{kv}", (0,))
+    runs += _seeds("routes", f"r16_kv{kv}", f"lm_lngram.py:r16,kv{kv}", (0,),
+                   same_as=r16 if kv == 2 else None)
   # Insertion: the baseline trained 300 steps, then Lngram for the remaining 300 from
   # its checkpoint, against Lngram from step 0 for 600 (the main runs).
   base300 = Run("insertion", "baseline_300", "lm_baseline.py", 0,
@@ -122,6 +130,19 @@ def select(runs, only: str | None):
   return [r for r in runs if r.experiment in wanted]
 
 
+def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
+  """The runs to train for `runs`, seed 0 of every experiment first, then seed 1, then 2,
+  so that a cut queue leaves every experiment with some result. A shared run is trained
+  once, under its own name (also when only the experiment that shares it is selected)."""
+  order, seen = [], set()
+  for run in sorted(runs, key=lambda r: r.seed):
+    target = by_key[run.same_as] if run.same_as else run
+    if target.key not in seen:
+      seen.add(target.key)
+      order.append(target)
+  return order
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("action", choices=("list", "run"))
@@ -131,11 +152,13 @@ def main(argv=None):
   runs = select(plan(), ns.only)
   if ns.action == "list":
     for run in runs:
-      print(("done  " if finished(run) else "todo  ") + " ".join(run.command()))
+      shared = f"   (= {run.same_as})" if run.same_as else ""
+      print(("done  " if finished(run) else "todo  ") + " ".join(run.command()) + shared)
     return 0
-  done = {r.key for r in plan() if finished(r)}
+  by_key = {r.key: r for r in plan()}
+  done = {r.key for r in by_key.values() if finished(r)}
   started = 0
-  for run in runs:
+  for run in training_order(runs, by_key):
     if run.key in done:
       continue
     if run.after is not None and run.after not in done:

@@ -63,3 +63,42 @@ def test_verdicts():
   assert report.verdict([2.2, 2.21], [2.0, 2.01]).startswith("not reproduced")
   assert report.verdict([2.0, 2.2], [2.05, 2.25]).startswith("inconclusive")
   assert report.verdict([2.0], [2.2, 2.3]).startswith("pending")
+
+
+def test_shared_runs_have_the_config_of_the_run_they_read():
+  """A run that reads another's directory must be the same training: equal config, seed."""
+  runs = reproduce.plan()
+  by_key = {r.key: r for r in runs}
+  shared = [r for r in runs if r.same_as]
+  assert {r.key for r in shared} >= {"sink/sink_s0", "surrogate/onebit_s1", "routes/r16_kv2_s0"}
+  for run in shared:
+    original = by_key[run.same_as]
+    assert original.same_as is None and original.seed == run.seed
+    assert original.overrides == run.overrides
+    assert (load_config(f"{reproduce.CONFIGS}/{run.config}").to_dict()
+            == load_config(f"{reproduce.CONFIGS}/{original.config}").to_dict())
+    assert run.workdir == original.workdir
+
+
+def test_training_order_is_seed_major_and_trains_a_shared_run_once():
+  runs = reproduce.plan()
+  by_key = {r.key: r for r in runs}
+  order = reproduce.training_order(runs, by_key)
+  assert [r.seed for r in order] == sorted(r.seed for r in order)
+  assert len({r.key for r in order}) == len(order) and all(r.same_as is None for r in order)
+  assert len(order) == len([r for r in runs if r.same_as is None])
+  keys = [r.key for r in order]
+  assert keys.index("insertion/baseline_300_s0") < keys.index("insertion/inserted_300_s0")
+  # Selecting only the sink study still trains the main r16 runs it reads.
+  sink_only = reproduce.training_order(reproduce.select(runs, "sink"), by_key)
+  assert [r.key for r in sink_only] == ["main/lngram_r16_s0", "sink/nosink_s0",
+                                        "main/lngram_r16_s1", "sink/nosink_s1",
+                                        "main/lngram_r16_s2", "sink/nosink_s2"]
+
+
+def test_report_reads_a_shared_run_from_the_directory_it_shares(tmp_path):
+  root = tmp_path / "repro"
+  _fake_run(root, "main/lngram_r16_s0", [(600, 2.05)])
+  results = report.collect(root)
+  assert results["sink"]["sink"]["seeds"][0]["final"] == 2.05
+  assert results["surrogate"]["onebit"]["seeds"][0]["final"] == 2.05
