@@ -13,6 +13,8 @@ Layout of an experiment config:
           Python standard library), split, packing, batch, shuffling seed.
   optim   AdamW, schedule, clipping, the table learning-rate multiplier.
   train   steps, logging, evaluation, checkpoints.
+  mesh    device mesh axis sizes data, fsdp, seq, table (-1: the devices the
+          others leave); all 1 = one device (experiments/train/mesh.py).
   init_from  "" or the workdir of a run without memory: start from its
           backbone, new branches at init (the paper's App. B insertion).
 """
@@ -37,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
                  warmup_steps=50, min_lr_ratio=0.1, clip_norm=1.0)
   c.train = dict(steps=600, seed=0, log_every=10, eval_every=200, ckpt_every=200,
                  max_to_keep=3, async_checkpoint=True, progress=True)
+  c.mesh = dict(data=1, fsdp=1, seq=1, table=1)
   c.init_from = ""
   return c
 

@@ -31,11 +31,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from experiments.models import layout
 from experiments.models.layers import SwiGLU
 from lngram_jax.config import LngramConfig
 from lngram_jax.decode import init_decode_state, lngram_decode_step, prefill_decode_state
 from lngram_jax.layer import LngramV2
 from lngram_jax.norms import rms_norm
+from lngram_jax.sharding import sharded_layer_apply
 from pvm_jax.branch import VisualCache
 from pvm_jax.config import PVMConfig
 from pvm_jax.module import PVM
@@ -89,8 +91,13 @@ class LngramMemory(LngramV2):
   """Lngram v2 in the memory slot; decode state = `lngram_jax.decode` state."""
 
   def forward(self, x_BxTxD, ctx):
-    y_BxTxD, aux = self(x_BxTxD, segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT,
-                        return_aux=True)
+    kwargs = dict(segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT, return_aux=True)
+    mesh = layout.active()
+    if mesh is None:
+      y_BxTxD, aux = self(x_BxTxD, **kwargs)
+    else:   # traced on a training mesh: the route-parallel sharded form
+      y_BxTxD, aux = sharded_layer_apply(self, x_BxTxD, mesh=mesh,
+                                         sharding=layout.LNGRAM_SHARDING, **kwargs)
     return y_BxTxD, {"codes": aux["codes"], "route_mass": aux["route_mass"]}
 
   def prefill(self, x_BxTxD, ctx):

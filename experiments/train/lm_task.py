@@ -133,6 +133,14 @@ def lm_task(config, workdir) -> Task:
   graphdef, _ = nnx.split(model, nnx.Param)
   eval_step = make_eval_step(graphdef, model_cfg.memory)
 
+  def check_mesh(mesh):
+    from experiments.train.mesh import check_fits
+    memory = model_cfg.memory
+    halo = (max(memory.max_order - 1, memory.conv_context)
+            if hasattr(memory, "max_order") and hasattr(memory, "conv_context") else 0)
+    check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len, memory=memory,
+               lngram_halo=halo)
+
   def evaluate(module):
     return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),
                             val_batches, model_cfg.memory)
@@ -140,6 +148,6 @@ def lm_task(config, workdir) -> Task:
   return Task(
       kind="lm", module=model, saved_config=saved_config("lm", config, model_cfg),
       batches=batches, loss=lm_loss, optim=config.optim, phases=(config.train.steps,),
-      evaluate=evaluate, tokens_per_step=dc.batch_size * dc.seq_len,
+      evaluate=evaluate, tokens_per_step=dc.batch_size * dc.seq_len, check_mesh=check_mesh,
       description=(f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation "
                    f"bytes{inserted}"))

@@ -45,6 +45,8 @@ from flax import nnx
 
 from experiments.checkpoint import run_checkpointer
 from experiments.checkpoint.lock import WorkdirLock
+from experiments.models import layout
+from experiments.train import mesh as mesh_lib
 from experiments.train import optimizer as optim_lib
 from experiments.train import step as step_lib
 from experiments.train import writers
@@ -90,23 +92,31 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
   """
   workdir = Path(workdir).expanduser().resolve()
   workdir.mkdir(parents=True, exist_ok=True)
-  with WorkdirLock(workdir) as lock:
-    return _train(config, workdir, callback=callback, task=task, lock=lock)
+  mesh = mesh_lib.make_train_mesh(config.get("mesh"))   # checked before the workdir is locked
+  with WorkdirLock(workdir) as lock, layout.use(mesh):
+    return _train(config, workdir, callback=callback, task=task, lock=lock, mesh=mesh)
 
 
-def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirLock) -> dict:
+def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirLock,
+           mesh) -> dict:
   tc = config.train
   profile = _Profile(tc.get("profile_steps", ()), workdir)   # checked before anything is built
   task = task or make_task(config, workdir)
+  if task.check_mesh is not None:
+    task.check_mesh(mesh)
   total = task.total_steps
   ends = np.cumsum(task.phases).tolist()   # last step of each phase
 
   graphdef, params, rest = nnx.split(task.module, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  # Every array is placed on the mesh (experiments/train/mesh.py); the optimiser state
+  # is born in its shards, and the step keeps the state's layout from step to step.
+  placed = mesh_lib.Placement(mesh, params, lngram_paths=layout.lngram_paths(task.module))
+  params, rest = placed.put_params(params), placed.put_replicated(rest)
   txs = [optim_lib.make_optimizer(task.optim, params, steps, trainable=task.trainable)
          for steps in task.phases]
-  state = {"params": params, "opt_state": txs[0].init(params),
-           "step": jnp.zeros((), jnp.int32)}
+  state = {"params": params, "opt_state": placed.init_opt_state(txs[0], params),
+           "step": placed.put_replicated(jnp.zeros((), jnp.int32))}
   rng = jax.random.key(tc.seed)
   # Leaves that restart from their initial values at every phase (host copies:
   # the initial device arrays are donated by the first step).
@@ -120,9 +130,10 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
   start = 0
   if ckpt.latest_step() is not None:
     state, rng, start = _resume(ckpt, state, task, config)
-  log.info("run %s: %s; %s; %d steps in phases %s; groups %s", workdir,
+  log.info("run %s: %s; %s; %d steps in phases %s; groups %s%s", workdir,
            f"resuming at step {start}" if start else "new", task.description, total,
-           list(task.phases), optim_lib.group_sizes(params, task.trainable))
+           list(task.phases), optim_lib.group_sizes(params, task.trainable),
+           f"; mesh {mesh_lib.describe(mesh)}" if mesh.size > 1 else "")
 
   steps_by_phase = {}
 
@@ -131,7 +142,8 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
       lr_fn = optim_lib.learning_rate_schedule(task.optim, task.phases[phase])
       steps_by_phase[phase] = step_lib.make_train_step(
           graphdef, txs[phase], lr_fn, task.loss, phase_start=ends[phase] - task.phases[phase],
-          grad_accum=int(tc.get("grad_accum", 1)))
+          grad_accum=int(tc.get("grad_accum", 1)),
+          out_shardings=placed.step_out_shardings(state))
     return steps_by_phase[phase]
 
   def module():
@@ -165,8 +177,8 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
         phase = int(np.searchsorted(ends, step))   # the phase that holds `step`
         if phase > 0 and step == ends[phase - 1] + 1:
           # A new phase: fresh optimiser moments and count (its own schedule).
-          state["params"] = _reset_leaves(state["params"], phase_init)
-          state["opt_state"] = txs[phase].init(state["params"])
+          state["params"] = placed.put_params(_reset_leaves(state["params"], phase_init))
+          state["opt_state"] = placed.init_opt_state(txs[phase], state["params"])
           log.info("step %d: phase %d of %d (%d steps)", step, phase + 1, len(ends),
                    task.phases[phase])
         profile.before(step)
@@ -177,6 +189,7 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
         clock.data_s += time.perf_counter() - t_data
         if callback is not None:
           callback(step, batch)
+        batch = placed.put_batch(batch, tokens=task.kind == "lm")
         state, metrics = train_step(phase)(state, rest, batch)
         profile.after(step, metrics)
         # Fetch the previous step's metrics while this one runs.
@@ -302,7 +315,7 @@ def _resume(ckpt: Checkpointer, state, task: Task, config):
   opt_state = jax.tree.unflatten(jax.tree.structure(state["opt_state"]),
                                  jax.tree.leaves(restored["opt_state"]))
   state = {"params": restored["params"], "opt_state": opt_state,
-           "step": jnp.asarray(step, jnp.int32)}
+           "step": jax.device_put(jnp.asarray(step, jnp.int32), state["step"].sharding)}
   rng = jax.random.wrap_key_data(jnp.asarray(restored["meta"]["rng"], jnp.uint32))
   log.info("resumed from checkpoint step %d in %s", step, ckpt.directory)
   return state, rng, step

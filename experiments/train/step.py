@@ -29,9 +29,11 @@ WEIGHT = "weight"   # a loss hook's metric: the denominator of its mean loss
 
 
 def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
-                    grad_accum: int = 1):
+                    grad_accum: int = 1, out_shardings=None):
   """step(state, rest, batch) -> (state, metrics); jitted with the state donated.
 
+  `out_shardings`: (state's, metrics') shardings on a device mesh (the loop's
+  `Placement.step_out_shardings`), so the state keeps its layout; None lets XLA choose.
   `lr_fn` is the phase's base schedule, read at the phase-local step
   (`state["step"] - phase_start`, which is also the optimiser's own count).
   `grad_accum` splits each batch into that many micro-batches (module docstring).
@@ -86,4 +88,6 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
     }
     return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
-  return jax.jit(step, donate_argnums=0)
+  if out_shardings is None:
+    return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, out_shardings=out_shardings)

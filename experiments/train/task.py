@@ -28,6 +28,8 @@ frozen backbone, Stage II GRPO); a `Task` supplies what differs:
     finish        optional `(module, summary) -> dict` after the last step
                   (VLM: accuracy by length, metrics.json)
     tokens_per_step  for the progress bar's throughput
+    check_mesh    optional `(mesh) -> None`: refuses, naming the numbers, a
+                  device mesh the run cannot be split over (experiments/train/mesh.py)
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Task:
   finish: Callable[[nnx.Module, dict], dict] | None = None
   tokens_per_step: int = 0
   description: str = ""
+  check_mesh: Callable[[Any], None] | None = None
 
   def __post_init__(self):
     self.phases = tuple(int(s) for s in self.phases)

@@ -40,10 +40,12 @@ from lngram_jax.sharding.context import extend_tokens, short_conv_with_halo
 from lngram_jax.sharding.lookup import ngram_lookup_shard, vary_over
 from lngram_jax.sharding.mesh import (
     ShardingConfig,
+    axis_names,
     axis_size,
     check_layout,
     layer_param_shardings,
     layer_param_specs,
+    present_axis,
     route_spec,
     token_spec,
 )
@@ -116,7 +118,7 @@ def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: Shard
   B, T = h_BxTxD.shape[:2]
   check_layout(c, mesh, s, (B, T))
   params = nnx.to_pure_dict(nnx.state(layer))
-  present = lambda name: name if name in mesh.axis_names else None
+  present = functools.partial(present_axis, mesh)
   body = functools.partial(
       _layer_body, config=c, sharding=s, return_aux=return_aux,
       data_axis=present(s.data_axis), seq_axis=present(s.seq_axis),
@@ -142,7 +144,7 @@ def _layer_body(params, h_BxTxD, segment_ids, valid, *, config, sharding, return
   c = config
   route_parallel = sharding.mode == "route_parallel"
   # Every parameter varies with the tokens it meets (see `vary_over`).
-  vary_axes = tuple(a for a in (data_axis, seq_axis) if a is not None)
+  vary_axes = tuple(n for a in (data_axis, seq_axis) if a is not None for n in axis_names(a))
   params = jax.tree.map(lambda p: vary_over(p, vary_axes), params)
   # In the route-parallel form router_w and the tables hold this shard's routes
   # only, so the router and the lookup see R/S routes; b0 stays that of all R.

@@ -28,7 +28,13 @@ import jax.numpy as jnp
 from lngram_jax import checks
 from lngram_jax.lookup import ngram_lookup
 from lngram_jax.sharding.context import extend_tokens
-from lngram_jax.sharding.mesh import ShardingConfig, axis_size, table_spec, token_spec
+from lngram_jax.sharding.mesh import (
+    ShardingConfig,
+    axis_names,
+    axis_size,
+    table_spec,
+    token_spec,
+)
 
 
 def vary_over(x, axes: tuple[str, ...]):
@@ -111,7 +117,8 @@ def sharded_ngram_lookup(table_ExDm, logits_BxTxRxM, *, mesh, order: int, bits: 
       _lookup_body, order=order, bits=bits, surrogate=surrogate, tau=float(tau),
       scale=float(scale), halo=halo, sharding=s,
       table_axis=s.table_axis if s.table_axis in mesh.axis_names else None,
-      vary_axes=tuple(a for a in (s.data_axis, s.seq_axis) if a in mesh.axis_names))
+      vary_axes=tuple(a for a in (*axis_names(s.data_axis), s.seq_axis)
+                      if a in mesh.axis_names))
   tok = token_spec(mesh, s)
   in_specs = (table_spec(mesh, s), token_spec(mesh, s, None, None),
               None if segment_ids is None else tok, None if valid is None else tok)

@@ -49,18 +49,20 @@ class ShardingConfig:
       partial softmax states; `LngramConfig.readout` is not consulted).
     data_axis, seq_axis, table_axis: mesh axis names of the batch, time and
       table-row (= route) dimensions; a name the mesh lacks means unsharded.
+      The batch may be split over several axes: `data_axis=("data", "fsdp")`
+      (a training mesh whose parameters are also sharded over `fsdp`).
   """
 
   mode: ShardingMode = "route_parallel"
-  data_axis: str = "data"
+  data_axis: str | tuple[str, ...] = "data"
   seq_axis: str = "seq"
   table_axis: str = "table"
 
   def __post_init__(self):
     if self.mode not in MODES:
       raise ValueError(f"ShardingConfig: mode={self.mode!r} is not one of {MODES}.")
-    names = (self.data_axis, self.seq_axis, self.table_axis)
-    if len(set(names)) != 3:
+    names = (*axis_names(self.data_axis), self.seq_axis, self.table_axis)
+    if len(set(names)) != len(names):
       raise ValueError(
           f"ShardingConfig: data_axis, seq_axis, table_axis = {names} must differ.")
 
@@ -73,6 +75,9 @@ def make_mesh(*, data: int = 1, seq: int = 1, table: int | None = None,
   `table=None` takes every device that data·seq leaves.
   """
   s = sharding or ShardingConfig()
+  if not isinstance(s.data_axis, str):
+    raise ValueError(f"make_mesh builds one data axis; got data_axis={s.data_axis!r} (build "
+                     "a mesh with several batch axes with jax.sharding.Mesh).")
   devices = list(jax.devices() if devices is None else devices)
   if data < 1 or seq < 1:
     raise ValueError(f"make_mesh: data={data} and seq={seq} must be >= 1.")
@@ -89,13 +94,26 @@ def make_mesh(*, data: int = 1, seq: int = 1, table: int | None = None,
   return Mesh(grid, (s.data_axis, s.seq_axis, s.table_axis))
 
 
-def axis_size(mesh: Mesh, name: str) -> int:
-  """Size of a mesh axis; 1 for a name the mesh does not have."""
-  return int(mesh.shape[name]) if name in mesh.axis_names else 1
+def axis_names(name: str | tuple[str, ...]) -> tuple[str, ...]:
+  """A (possibly compound) axis as a tuple of mesh axis names."""
+  return (name,) if isinstance(name, str) else tuple(name)
 
 
-def _axis(mesh: Mesh, name: str) -> str | None:
-  return name if name in mesh.axis_names else None
+def axis_size(mesh: Mesh, name: str | tuple[str, ...]) -> int:
+  """Size of a mesh axis (the product, for a tuple of axes); 1 for names the mesh
+  does not have."""
+  return int(np.prod([mesh.shape[n] for n in axis_names(name) if n in mesh.axis_names]))
+
+
+def present_axis(mesh: Mesh, name: str | tuple[str, ...]) -> str | tuple[str, ...] | None:
+  """The part of `name` that `mesh` has, as a PartitionSpec entry (None: none of it)."""
+  if isinstance(name, str):
+    return name if name in mesh.axis_names else None
+  names = tuple(n for n in name if n in mesh.axis_names)
+  return names or None
+
+
+_axis = present_axis
 
 
 def token_spec(mesh: Mesh, sharding: ShardingConfig, *trailing) -> P:

@@ -1,0 +1,258 @@
+"""The `mesh` config block: the device mesh a run trains on, and where every array lives.
+
+    mesh.data   batch rows                              (data parallel)
+    mesh.fsdp   batch rows too, and the dense parameters and their optimiser
+                state split along one dimension each    (fully sharded data parallel)
+    mesh.seq    time: Lngram's context parallelism; XLA partitions the rest
+    mesh.table  memory tables by rows: Lngram v2 route-parallel (each shard owns
+                R/table routes, their rows, router columns and counterfactual rows);
+                the comparison arms' tables by rows too, partitioned by XLA
+
+Each size is a positive int or -1 (the devices the others leave; at most one -1).
+On one process the mesh takes the first data·fsdp·seq·table devices; across
+processes it must span them all. All sizes 1 (the default) is a one-device mesh:
+the run is exactly what it was before meshes existed.
+
+Placement is by parameter path (`param_specs`): `*/memory/tables/*` rows over
+`table` (when they divide), Lngram v2's `router_w` columns over `table` (the
+route-parallel form), every other parameter with a dimension that `fsdp` divides
+split along its largest such dimension, the rest replicated. The optimiser state
+follows the parameters leaf for leaf (`like_params`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from experiments.models.layout import AXES, BATCH_AXES
+
+log = logging.getLogger("experiments")
+
+DEFAULTS = {axis: 1 for axis in AXES}
+
+
+def mesh_sizes(block: Mapping | None, n_devices: int) -> dict[str, int]:
+  """{axis: size} from a `mesh` config block (missing block or fields: 1), -1 resolved."""
+  block = dict(block or {})
+  unknown = set(block) - set(AXES)
+  if unknown:
+    raise ValueError(f"mesh: unknown axes {sorted(unknown)}; the axes are {list(AXES)}.")
+  sizes = {axis: block.get(axis, 1) for axis in AXES}
+  for axis, size in sizes.items():
+    if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+      raise ValueError(f"mesh.{axis}={size!r} must be a positive int or -1 (the rest).")
+  rest = [a for a, s in sizes.items() if s == -1]
+  if len(rest) > 1:
+    raise ValueError(f"mesh: only one axis may be -1, got {rest}.")
+  fixed = int(np.prod([s for s in sizes.values() if s != -1]))
+  if rest:
+    if n_devices % fixed:
+      raise ValueError(f"mesh: {n_devices} devices do not split into "
+                       f"{_describe(sizes)} (the fixed axes take {fixed}).")
+    sizes[rest[0]] = n_devices // fixed
+  if int(np.prod(list(sizes.values()))) != n_devices:
+    raise ValueError(
+        f"mesh: {_describe(sizes)} = {int(np.prod(list(sizes.values())))} devices, but there "
+        f"are {n_devices} ({jax.process_count()} process(es)); set the sizes so that their "
+        "product is the device count, e.g. --config.mesh.data=-1.")
+  return sizes
+
+
+def _describe(sizes: Mapping[str, int]) -> str:
+  return " × ".join(f"{a}={s}" for a, s in sizes.items())
+
+
+def make_train_mesh(block: Mapping | None, devices=None) -> Mesh:
+  """The (data, fsdp, seq, table) mesh of a `mesh` block.
+
+  With no -1 and fewer devices than this process has, the mesh takes the first
+  ones: all ones (the default) is the one-device run, `data=4` on an 8-device
+  host trains on 4. Across several processes the mesh must span every device.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  block = dict(block or {})
+  wanted = [block.get(a, 1) for a in AXES]
+  if (-1 not in wanted and all(isinstance(n, int) and n > 0 for n in wanted)
+      and jax.process_count() == 1 and int(np.prod(wanted)) < len(devices)):
+    devices = devices[:int(np.prod(wanted))]
+  sizes = mesh_sizes(block, len(devices))
+  # mesh_utils orders devices so that the inner axes (table, seq) are the closest ones.
+  try:
+    from jax.experimental import mesh_utils
+    grid = mesh_utils.create_device_mesh([sizes[a] for a in AXES], devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices, dtype=object).reshape([sizes[a] for a in AXES])
+  return Mesh(grid, AXES)
+
+
+def describe(mesh: Mesh) -> str:
+  return _describe({a: int(mesh.shape[a]) for a in AXES})
+
+
+# --- checks before anything is built ---------------------------------------------------------
+
+
+def check_fits(mesh: Mesh, *, batch_size: int, seq_len: int | None = None,
+               memory=None, lngram_halo: int = 0) -> None:
+  """Refuses a mesh the run cannot be split over, naming the numbers."""
+  rows = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+  if batch_size % rows:
+    raise ValueError(f"data.batch_size={batch_size} must be a multiple of mesh.data × "
+                     f"mesh.fsdp = {rows} (each shard takes whole rows).")
+  seq = int(mesh.shape["seq"])
+  if seq > 1:
+    if seq_len is None:
+      raise ValueError(f"mesh.seq={seq}: this run has no token sequence to split (only the "
+                       "byte LM supports context parallelism); use mesh.seq=1.")
+    if seq_len % seq or seq_len // seq < max(lngram_halo, 1):
+      raise ValueError(f"data.seq_len={seq_len} must split into mesh.seq={seq} blocks of "
+                       f"at least {max(lngram_halo, 1)} steps (the Lngram windows and conv "
+                       "reach that far into the left block).")
+  table = int(mesh.shape["table"])
+  routes = getattr(memory, "routes", None)
+  if table > 1 and type(memory).__name__ == "LngramConfig" and routes % table:
+    raise ValueError(f"model.memory.routes={routes} must be a multiple of mesh.table={table}: "
+                     "each table shard owns whole routes (their rows and every "
+                     "counterfactual row of the surrogate gradient).")
+
+
+# --- where parameters, optimiser state and batches live ----------------------------------------
+
+
+def _path(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh,
+               lngram: bool) -> P:
+  """The PartitionSpec of one parameter (module docstring); `lngram`: the parameter
+  belongs to an Lngram v2 layer (its router columns follow its routes)."""
+  table, fsdp = int(mesh.shape["table"]), int(mesh.shape["fsdp"])
+  in_memory = "memory" in path
+  if in_memory and len(path) >= 2 and path[-2] == "tables" and len(shape) == 2:
+    if table > 1 and shape[0] % table == 0:
+      return P("table", None)
+    if table > 1:
+      log.warning("mesh: %s has %d rows, not a multiple of mesh.table=%d; replicated.",
+                  "/".join(path), shape[0], table)
+    return P()
+  if lngram and path[-1] == "router_w":
+    return P(None, "table") if table > 1 else P()
+  if fsdp > 1:
+    dims = [i for i, n in enumerate(shape) if n % fsdp == 0]
+    if dims:
+      dim = max(dims, key=lambda i: shape[i])
+      return P(*[("fsdp" if i == dim else None) for i in range(len(shape))])
+  return P()
+
+
+def param_specs(params, mesh: Mesh, *, lngram_paths=frozenset()):
+  """PartitionSpecs for a pure-dict parameter tree; `lngram_paths`: the module paths
+  of its Lngram v2 layers (`layout.lngram_paths`)."""
+
+  def spec(p, x):
+    path = _path(p)
+    lngram = any(path[:len(m)] == m for m in lngram_paths)
+    return param_spec(path, tuple(x.shape), mesh, lngram)
+
+  return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def shardings(specs, mesh: Mesh):
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def like_params(tree, param_shardings, mesh: Mesh):
+  """Shardings for a tree that holds copies of the parameters (optimiser state):
+  a leaf whose path ends with a parameter's path and has its shape gets its
+  sharding; every other leaf (counts, scalars) is replicated."""
+  by_path = {}
+  for path, sharding in jax.tree_util.tree_flatten_with_path(
+      param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0]:
+    by_path[_path(path)] = sharding
+  replicated = NamedSharding(mesh, P())
+
+  def pick(path, leaf):
+    keys = _path(path)
+    for start in range(len(keys)):
+      sharding = by_path.get(keys[start:])
+      if sharding is not None and len(sharding.spec) <= np.ndim(leaf):
+        return sharding
+    return replicated
+
+  return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def batch_sharding(mesh: Mesh, ndim: int, *, tokens: bool) -> NamedSharding:
+  """Rows over data × fsdp; time over seq for [B, T, ...] token arrays."""
+  if ndim == 0:
+    return NamedSharding(mesh, P())
+  spec = [BATCH_AXES] + [None] * (ndim - 1)
+  if tokens and ndim >= 2 and int(mesh.shape["seq"]) > 1:
+    spec[1] = "seq"
+  return NamedSharding(mesh, P(*spec))
+
+
+def process_block(sharding: NamedSharding, shape: tuple[int, ...]) -> tuple[slice, ...]:
+  """The block of a global array of `shape` that this process's devices hold under
+  `sharding`: per dimension, from the first to the last index any of them holds."""
+  index = list(sharding.addressable_devices_indices_map(shape).values())
+  block = []
+  for dim, n in enumerate(shape):
+    starts = [i[dim].start or 0 for i in index]
+    stops = [n if i[dim].stop is None else i[dim].stop for i in index]
+    block.append(slice(min(starts), max(stops)))
+  return tuple(block)
+
+
+def put_batch(batch: dict, mesh: Mesh, *, tokens: bool = True) -> dict:
+  """A host batch (every process holds the same global batch) as global device arrays:
+  each process transfers only its own block of rows (`process_block`), disjoint from
+  the other processes' blocks whenever the batch axes span the processes."""
+
+  def put(x):
+    x = np.asarray(x)
+    sharding = batch_sharding(mesh, x.ndim, tokens=tokens)
+    if x.ndim == 0 or jax.process_count() == 1:
+      return jax.device_put(x, sharding)
+    return jax.make_array_from_process_local_data(
+        sharding, x[process_block(sharding, x.shape)], x.shape)
+
+  return jax.tree.map(put, batch)
+
+
+class Placement:
+  """Where one run's arrays live on `mesh`: parameters and optimiser state by
+  `param_specs`/`like_params`, batches by `batch_sharding`, the rest replicated."""
+
+  def __init__(self, mesh: Mesh, params, *, lngram_paths=frozenset()):
+    self.mesh = mesh
+    self.replicated = NamedSharding(mesh, P())
+    self.params = shardings(param_specs(params, mesh, lngram_paths=lngram_paths), mesh)
+
+  def put_params(self, params):
+    return jax.device_put(params, self.params)
+
+  def put_replicated(self, tree):
+    return jax.device_put(tree, self.replicated)
+
+  def init_opt_state(self, tx, params):
+    """`tx.init(params)` created directly in the parameters' shards."""
+    abstract = jax.eval_shape(tx.init, params)
+    return jax.jit(tx.init, out_shardings=like_params(abstract, self.params, self.mesh))(params)
+
+  def step_out_shardings(self, state):
+    """The train step's out_shardings: the state keeps its layout, metrics replicated."""
+    opt = jax.tree.map(lambda x: x.sharding, state["opt_state"])
+    return ({"params": self.params, "opt_state": opt, "step": self.replicated},
+            self.replicated)
+
+  def put_batch(self, batch, *, tokens: bool):
+    return put_batch(batch, self.mesh, tokens=tokens)

@@ -1,0 +1,182 @@
+"""Training on a device mesh (experiments/train/mesh.py) equals training on one device.
+
+The 8 host devices come from tests/conftest.py. Every run is `lm_lngram:smoke` with
+batch 8 on the same data and init; a mesh only changes where the arrays live and the
+order of a few float sums, so losses and parameters agree to float32 round-off.
+"""
+
+import json
+import signal
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from experiments.checkpoint import restore
+from experiments.configs import load_config
+from experiments.models import DecoderLM, layout, lm_config
+from experiments.train import mesh as mesh_lib
+from experiments.train import train
+
+STEPS = 4
+LAYOUTS = {"data2_table4": dict(data=2, table=4), "data4_fsdp2": dict(data=4, fsdp=2),
+           "data2_seq2_table2": dict(data=2, seq=2, table=2)}
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
+
+
+def _config(mesh=None, steps=STEPS, **train):
+  c = load_config("experiments/configs/lm_lngram.py:smoke")
+  c.data.batch_size = 8
+  c.train.update(steps=steps, progress=False, eval_every=100, ckpt_every=2, **train)
+  c.mesh.update(mesh or {})
+  return c
+
+
+def _losses(workdir) -> dict[int, float]:
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def _params(workdir):
+  model, _ = restore(workdir)   # onto one CPU device, whatever mesh trained it
+  return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def _assert_same_params(got, want):
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("one_device")
+  train(_config(), workdir)
+  return _losses(workdir), _params(workdir)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_each_step_and_the_parameters_equal_the_single_device_run(name, single_device,
+                                                                  tmp_path):
+  want_losses, want_params = single_device
+  result = train(_config(LAYOUTS[name]), tmp_path)
+  assert result["step"] == STEPS
+  got = _losses(tmp_path)
+  assert list(got) == list(want_losses)
+  np.testing.assert_allclose(list(got.values()), list(want_losses.values()), atol=2e-5)
+  _assert_same_params(_params(tmp_path), want_params)
+
+
+def test_resume_on_smaller_meshes_continues_the_same_curve(single_device, tmp_path):
+  """Steps 1-2 on 8 devices, 3 on 4, 4 on one: the curve of the one-device run."""
+  want_losses, want_params = single_device
+
+  def stop_at(step_to_stop):
+    def callback(step, batch):
+      if step == step_to_stop:
+        signal.raise_signal(signal.SIGTERM)
+    return callback
+
+  assert train(_config(LAYOUTS["data2_table4"]), tmp_path, callback=stop_at(2))["interrupted"]
+  assert train(_config(dict(data=2, table=2)), tmp_path, callback=stop_at(3))["interrupted"]
+  assert train(_config(), tmp_path)["step"] == STEPS
+  got = _losses(tmp_path)
+  assert list(got) == list(want_losses)
+  np.testing.assert_allclose(list(got.values()), list(want_losses.values()), atol=2e-5)
+  _assert_same_params(_params(tmp_path), want_params)
+
+
+def test_grad_accum_over_a_mesh_equals_one_full_batch_on_one_device(single_device, tmp_path):
+  want_losses, want_params = single_device
+  train(_config(dict(data=2, table=2), grad_accum=2), tmp_path)
+  np.testing.assert_allclose(list(_losses(tmp_path).values()), list(want_losses.values()),
+                             atol=2e-5)
+  _assert_same_params(_params(tmp_path), want_params)
+
+
+# --- where the arrays live ------------------------------------------------------------------
+
+
+def _smoke_params(spec="lm_lngram.py:smoke"):
+  model = DecoderLM(lm_config(load_config(f"experiments/configs/{spec}")), rngs=nnx.Rngs(0))
+  return model, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def test_tables_split_by_rows_router_by_routes_dense_over_fsdp():
+  model, params = _smoke_params()
+  mesh = mesh_lib.make_train_mesh(dict(fsdp=2, table=4))
+  placed = mesh_lib.Placement(mesh, params, lngram_paths=layout.lngram_paths(model))
+  memory = placed.params["blocks"][1]["memory"]
+  assert memory["tables"][1].spec == P("table", None)
+  assert memory["router_w"].spec == P(None, "table")
+  assert placed.params["embed"]["table"].spec == P("fsdp", None)     # [256, 32]: rows
+  assert placed.params["blocks"][1]["mlp"]["w_up"].spec == P(None, "fsdp")   # [32, 64]
+  table = placed.put_params(params)["blocks"][1]["memory"]["tables"][1]
+  assert {s.data.shape for s in table.addressable_shards} == {(256 // 4, 8)}
+  # AdamW's moments follow the parameters; its step count is replicated.
+  import optax
+  opt = placed.init_opt_state(optax.adamw(1e-3), placed.put_params(params))
+  mu = opt[0].mu["blocks"][1]["memory"]["tables"][1]
+  assert mu.sharding.spec == P("table", None) and opt[0].count.sharding.spec == P()
+
+
+def test_comparison_arm_tables_split_by_rows_too():
+  _, params = _smoke_params("lm_pkm.py:smoke")
+  mesh = mesh_lib.make_train_mesh(dict(data=2, table=4))
+  specs = mesh_lib.param_specs(params, mesh)
+  assert specs["blocks"][1]["memory"]["tables"][0] == P("table", None)   # PKM values
+  assert specs["blocks"][1]["memory"]["w_q"] == P()
+
+
+def test_the_lngram_branch_runs_its_sharded_form_only_on_a_mesh():
+  model, _ = _smoke_params()
+  tokens = np.zeros((8, 32), np.int32)
+  plain = str(jax.make_jaxpr(lambda t: model(t))(tokens))
+  with layout.use(mesh_lib.make_train_mesh(dict(data=2, table=4))):
+    sharded = str(jax.make_jaxpr(lambda t: model(t))(tokens))
+  with layout.use(mesh_lib.make_train_mesh({})):   # one device: the plain forward
+    one = str(jax.make_jaxpr(lambda t: model(t))(tokens))
+  assert "shard_map" in sharded and "shard_map" not in plain and "shard_map" not in one
+
+
+def test_a_host_batch_lands_in_row_and_time_blocks():
+  mesh = mesh_lib.make_train_mesh(dict(data=2, seq=2, table=2))
+  batch = {"inputs": np.arange(8 * 32).reshape(8, 32)}
+  placed = mesh_lib.put_batch(batch, mesh)["inputs"]
+  assert placed.sharding.spec == P(("data", "fsdp"), "seq")
+  assert {s.data.shape for s in placed.addressable_shards} == {(4, 16)}
+  np.testing.assert_array_equal(np.asarray(placed), batch["inputs"])
+  sharding = mesh_lib.batch_sharding(mesh, 2, tokens=True)
+  assert mesh_lib.process_block(sharding, (8, 32)) == (slice(0, 8), slice(0, 32))
+
+
+# --- bad meshes are refused before anything is built ------------------------------------------
+
+
+@pytest.mark.parametrize("block, match", [
+    (dict(data=3, table=8), "24 devices, but there are 8"),
+    (dict(data=-1, table=-1), "only one axis may be -1"),
+    (dict(data=0), "positive int or -1"),
+    (dict(data=2.0), "positive int or -1"),
+    (dict(tensor=2), "unknown axes"),
+    (dict(data=-1, table=3), "do not split"),
+    (dict(data=16), "16 devices, but there are 8"),
+])
+def test_bad_mesh_blocks_are_refused(block, match):
+  with pytest.raises(ValueError, match=match):
+    mesh_lib.make_train_mesh(block)
+
+
+@pytest.mark.parametrize("mesh, batch, match", [
+    (dict(data=2, fsdp=2, table=2), 6, "batch_size=6 must be a multiple of mesh.data × mesh.fsdp = 4"),
+    (dict(table=8), 8, "routes=4 must be a multiple of mesh.table=8"),
+    (dict(seq=8), 8, "seq_len=32 must split into mesh.seq=8 blocks"),
+])
+def test_a_mesh_the_run_cannot_use_is_refused_naming_the_numbers(mesh, batch, match, tmp_path):
+  config = _config(mesh)
+  config.data.batch_size = batch
+  with pytest.raises(ValueError, match=match):
+    train(config, tmp_path)
+  assert not (tmp_path / "checkpoints").exists()
