@@ -46,7 +46,8 @@ def _params(workdir):
 
 
 def _assert_same_params(got, want):
-  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+  flat = jax.tree_util.tree_flatten_with_path(got)[0]
+  for (path, a), b in zip(flat, jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=jax.tree_util.keystr(path))
 
 
