@@ -3,8 +3,14 @@
     lngram-exp train   --config=experiments/configs/lm_lngram.py[:arg] --workdir=runs/x
                        [--config.train.steps=100 --config.data.path=my/texts ...]
                        [--max_memory=8GiB]
-    lngram-exp eval    --workdir=runs/x [--step=N]                       (LM runs)
+    lngram-exp eval    --workdir=runs/x [--step=N] [--mesh=data=2,table=4]   (LM runs)
     lngram-exp sample  --workdir=runs/x --prompt='def ' [--max_new_tokens=200 --top_k=20]
+                       [--mesh=table=8]
+
+On several devices: `--config.mesh.data=-1` (train; axes data, fsdp, seq, table;
+experiments/train/mesh.py), `--mesh=...` (eval, sample); on several hosts add
+`--coordinator=host0:1234 --num_processes=N --process_id=i` to `train` (or set
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
     lngram-exp configs
     lngram-exp analyze --workdir=runs/vlm_x [--n=32 --which=attention,accuracy,logit_lens,
                        grounding --max_new_tokens=N]  (VLM runs: attention decay, accuracy by
@@ -79,6 +85,16 @@ _N_PERM = flags.DEFINE_integer("n_perm", 500, "analyze (LM runs): permutations o
 _MAX_MEMORY = flags.DEFINE_string("max_memory", None, "train: refuse a config whose "
                                   "parameters + optimizer state exceed this, e.g. 8GiB "
                                   "(default: the machine's memory).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator", None, "train on several hosts: the jax.distributed coordinator host:port "
+    "(else JAX_COORDINATOR_ADDRESS, or the cluster's own discovery: SLURM, Open MPI, TPU pods).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "train on several hosts: "
+                                      "the number of processes (else JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "train on several hosts: this "
+                                   "process's index (else JAX_PROCESS_ID).")
+_MESH = flags.DEFINE_string("mesh", None, "eval/sample: run on a device mesh, e.g. "
+                            "data=2,table=4 (axes data, fsdp, seq, table; -1 = the rest). "
+                            "train: set --config.mesh.<axis> instead.")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the full traceback of an error.")
 
 DEFAULT_MAX_NEW_TOKENS = 200
@@ -257,7 +273,8 @@ def _inspect(command):
     return 0
   if command == "eval":
     from experiments.train.evaluate import evaluate_checkpoint
-    metrics, step = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value)
+    mesh = _mesh_flag()
+    metrics, step = evaluate_checkpoint(_WORKDIR.value, step=_STEP.value, mesh=mesh)
     print(f"checkpoint step {step} of {_WORKDIR.value}", file=sys.stderr)
     for key, value in sorted(metrics.items()):
       print(f"{key:<32} {value:.4f}")
@@ -269,8 +286,12 @@ def _inspect(command):
     raise ValueError("--prompt must be a non-empty string.")
   if _MAX_NEW.value is not None and _MAX_NEW.value < 1:
     raise ValueError(f"--max_new_tokens={_MAX_NEW.value} must be >= 1.")
+  mesh = _mesh_flag()
   model, saved, step = restore_module(_WORKDIR.value, _STEP.value)
   require_lm(saved, _WORKDIR.value, "sample")
+  if mesh:
+    from experiments.train import mesh as mesh_lib
+    mesh_lib.place_model(model, mesh_lib.make_train_mesh(mesh))
   print(f"checkpoint step {step} of {_WORKDIR.value}", file=sys.stderr)
   asked = DEFAULT_MAX_NEW_TOKENS if _MAX_NEW.value is None else _MAX_NEW.value
   max_new, note = cap_new_tokens(model.config.max_len, prompts, asked)
@@ -284,9 +305,19 @@ def _inspect(command):
   return 0
 
 
+def _mesh_flag() -> dict | None:
+  if _MESH.value is None:
+    return None
+  from experiments.train.mesh import make_train_mesh, parse_mesh
+  block = parse_mesh(_MESH.value)
+  make_train_mesh(block)   # a bad block fails here, before a checkpoint is read
+  return block
+
+
 def _train(config):
   if config is None:
     raise UsageError("lngram-exp train needs --config=<file.py[:arg]>.")
+  _start_distributed()
   from experiments.train import train
   from experiments.train.task import check_experiment_config, check_memory, parse_bytes
   check_experiment_config(config)
@@ -305,6 +336,18 @@ def _train(config):
   bpb = result["eval"].get("eval/bits_per_byte")
   print(f"validation bits per byte: {bpb:.4f}")
   return 0
+
+
+def _start_distributed():
+  """`jax.distributed` start-up when this run spans several processes (the flags or
+  JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID say so); before any
+  device is touched."""
+  import os
+  flags_given = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  if all(v is None for v in flags_given) and not os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    return
+  from lngram_jax.sharding.multihost import initialize
+  initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
 
 
 def _setup_logging():

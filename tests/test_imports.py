@@ -38,7 +38,7 @@ DOC_SUFFIXES = frozenset({".py", ".md", ".sh", ".toml", ".ipynb", ".txt", ".cfg"
 DESIGN_SECTIONS = {
     1: "Symbols", 2: "Lngram v2 conventions", 3: "PVM conventions", 4: "Data",
     5: "Deviations", 6: "Layout", 7: "Environment and testing", 8: "Comparison arms",
-    9: "Reading the IDs",
+    9: "Reading the IDs", 10: "Training on a mesh",
 }
 
 

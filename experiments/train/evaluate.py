@@ -20,9 +20,13 @@ def evaluate_run(workdir, *, step: int | None = None, max_batches: int | None = 
   return evaluate_checkpoint(workdir, step=step, max_batches=max_batches)[0]
 
 
-def evaluate_checkpoint(workdir, *, step: int | None = None,
-                        max_batches: int | None = None) -> tuple[dict, int]:
-  """(`evaluate_run`'s metrics, the checkpoint step they come from)."""
+def evaluate_checkpoint(workdir, *, step: int | None = None, max_batches: int | None = None,
+                        mesh: dict | None = None) -> tuple[dict, int]:
+  """(`evaluate_run`'s metrics, the checkpoint step they come from).
+
+  `mesh`: a `mesh` block ({"data": 2, "table": 4}; experiments/train/mesh.py) to
+  evaluate on a device mesh, as training does; None: one device.
+  """
   import ml_collections
 
   from experiments.data import eval_batches, load_corpus  # needs grain
@@ -35,7 +39,24 @@ def evaluate_checkpoint(workdir, *, step: int | None = None,
   corpus = load_corpus(corpus_spec(config))
   batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                          max_batches=max_batches or dc.eval_batches)
-  return evaluate_model(model, batches), used_step
+  if not mesh:
+    return evaluate_model(model, batches), used_step
+  from experiments.models import layout
+  from experiments.train import mesh as mesh_lib
+  device_mesh = mesh_lib.make_train_mesh(mesh)
+  memory = model.config.memory
+  mesh_lib.check_fits(device_mesh, batch_size=dc.batch_size, seq_len=dc.seq_len,
+                      memory=memory, lngram_halo=_lngram_halo(memory))
+  mesh_lib.place_model(model, device_mesh)
+  with layout.use(device_mesh):
+    return evaluate_model(model, batches), used_step
+
+
+def _lngram_halo(memory) -> int:
+  """How far Lngram's n-gram windows and conv reach back (0 for other branches)."""
+  if hasattr(memory, "max_order") and hasattr(memory, "conv_context"):
+    return max(memory.max_order - 1, memory.conv_context)
+  return 0
 
 
 def cap_new_tokens(max_len: int, prompts: list[str], asked: int) -> tuple[int, str]:

@@ -85,10 +85,19 @@ def make_eval_step(graphdef, memory_config):
 
 def evaluate_batches(eval_step, params, batches, memory_config=None) -> dict[str, float]:
   """Validation loss (nats and bits per byte) and memory-branch metrics over `batches`."""
+  from experiments.models import layout
   loss_sum = tokens = 0.0
   lngram_stats = arm_stats = None
+  mesh = layout.active()
   for batch in batches:
-    sums = jax.device_get(eval_step(params, batch))
+    if mesh is not None:   # during training on a mesh: the batch in its shards
+      from experiments.train.mesh import put_batch
+      batch = put_batch(batch, mesh)
+    sums = eval_step(params, batch)
+    if jax.process_count() > 1:   # sums may live on other processes' devices too
+      from jax.experimental import multihost_utils
+      sums = multihost_utils.process_allgather(sums, tiled=True)
+    sums = jax.device_get(sums)
     loss_sum += float(sums["loss_sum"])
     tokens += float(sums["tokens"])
     if "lngram" in sums:
@@ -120,7 +129,8 @@ def lm_task(config, workdir) -> Task:
   dc = config.data
   model_cfg = lm_config(config)
   corpus = load_corpus(corpus_spec(config))
-  write_manifest(corpus, workdir)
+  if jax.process_index() == 0:
+    write_manifest(corpus, workdir)
   batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size, seed=dc.seed)
   val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                              max_batches=dc.eval_batches)
@@ -134,12 +144,10 @@ def lm_task(config, workdir) -> Task:
   eval_step = make_eval_step(graphdef, model_cfg.memory)
 
   def check_mesh(mesh):
+    from experiments.train.evaluate import _lngram_halo
     from experiments.train.mesh import check_fits
-    memory = model_cfg.memory
-    halo = (max(memory.max_order - 1, memory.conv_context)
-            if hasattr(memory, "max_order") and hasattr(memory, "conv_context") else 0)
-    check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len, memory=memory,
-               lngram_halo=halo)
+    check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len, memory=model_cfg.memory,
+               lngram_halo=_lngram_halo(model_cfg.memory))
 
   def evaluate(module):
     return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),

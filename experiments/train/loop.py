@@ -93,17 +93,29 @@ def train(config, workdir, *, callback=None, task: Task | None = None) -> dict:
   workdir = Path(workdir).expanduser().resolve()
   workdir.mkdir(parents=True, exist_ok=True)
   mesh = mesh_lib.make_train_mesh(config.get("mesh"))   # checked before the workdir is locked
-  with WorkdirLock(workdir) as lock, layout.use(mesh):
+  # Several processes (jax.distributed) train one run: process 0 holds the lock and
+  # writes metrics and plots; every process saves and restores its own shards.
+  lock = WorkdirLock(workdir) if jax.process_index() == 0 else _NoLock()
+  with lock, layout.use(mesh):
     return _train(config, workdir, callback=callback, task=task, lock=lock, mesh=mesh)
 
 
-def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirLock,
-           mesh) -> dict:
+class _NoLock(contextlib.nullcontext):
+  """The lock of processes other than process 0 (which holds the real one)."""
+
+  def touch(self):
+    pass
+
+
+def _train(config, workdir: Path, *, callback, task: Task | None, lock, mesh) -> dict:
   tc = config.train
   profile = _Profile(tc.get("profile_steps", ()), workdir)   # checked before anything is built
   task = task or make_task(config, workdir)
   if task.check_mesh is not None:
     task.check_mesh(mesh)
+  elif mesh.shape["seq"] > 1:
+    raise ValueError(f"mesh.seq={mesh.shape['seq']}: only the byte LM splits time over "
+                     "devices (context parallelism); use mesh.seq=1 for this run.")
   total = task.total_steps
   ends = np.cumsum(task.phases).tolist()   # last step of each phase
 
@@ -134,6 +146,9 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
            f"resuming at step {start}" if start else "new", task.description, total,
            list(task.phases), optim_lib.group_sizes(params, task.trainable),
            f"; mesh {mesh_lib.describe(mesh)}" if mesh.size > 1 else "")
+  if jax.process_count() > 1:
+    log.info("process %d of %d: %d of %d devices", jax.process_index(),
+             jax.process_count(), jax.local_device_count(), jax.device_count())
 
   steps_by_phase = {}
 
@@ -149,9 +164,11 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
   def module():
     return nnx.merge(graphdef, state["params"], rest)
 
-  writer = writers.MetricsWriter(workdir, resume_step=start)
+  primary = jax.process_index() == 0
+  writer = (writers.MetricsWriter(workdir, resume_step=start) if primary
+            else writers.NullWriter())
   progress = writers.Progress(total, start=start, tokens_per_step=task.tokens_per_step,
-                              every=tc.log_every, enabled=tc.progress)
+                              every=tc.log_every, enabled=tc.progress and primary)
 
   def save(step):
     ckpt.save(step, params=state["params"], opt_state=state["opt_state"], rng=rng,
@@ -228,7 +245,8 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock: WorkdirL
   if start >= total:
     log.info("run %s already has %d of %d steps.", workdir, start, total)
     last_eval = task.evaluate(module()) if task.evaluate is not None else {}
-  writers.plot_curves(workdir)
+  if primary:
+    writers.plot_curves(workdir)
   final = {}
   if not interrupted and task.finish is not None:
     final = task.finish(module(), {"step": int(step), "train_seconds": train_seconds,

@@ -64,6 +64,32 @@ def mesh_sizes(block: Mapping | None, n_devices: int) -> dict[str, int]:
   return sizes
 
 
+def parse_mesh(text: str) -> dict[str, int]:
+  """`data=2,table=4` (the `--mesh` flag of eval/sample) -> {"data": 2, "table": 4}."""
+  block = {}
+  for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    axis, sep, value = part.partition("=")
+    try:
+      block[axis.strip()] = int(value)
+    except ValueError:
+      sep = ""
+    if not sep:
+      raise ValueError(f"--mesh={text!r}: write axis=size pairs, e.g. data=2,table=4 "
+                       f"(axes {list(AXES)}, -1 = the rest).")
+  return block
+
+
+def place_model(model, mesh: Mesh):
+  """Moves a restored model's parameters into their shards on `mesh` (in place)."""
+  from flax import nnx
+
+  from experiments.models.layout import lngram_paths
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  placed = Placement(mesh, params, lngram_paths=lngram_paths(model))
+  nnx.update(model, placed.put_params(params))
+  return model
+
+
 def _describe(sizes: Mapping[str, int]) -> str:
   return " × ".join(f"{a}={s}" for a, s in sizes.items())
 
@@ -255,4 +281,13 @@ class Placement:
             self.replicated)
 
   def put_batch(self, batch, *, tokens: bool):
+    if jax.process_count() > 1 and not self._told_rows:
+      self._told_rows = True
+      x = next(np.asarray(v) for v in jax.tree.leaves(batch) if np.ndim(v) >= 1)
+      block = process_block(batch_sharding(self.mesh, x.ndim, tokens=tokens), x.shape)
+      log.info("process %d feeds rows %d:%d of every %d-row batch%s", jax.process_index(),
+               block[0].start, block[0].stop, x.shape[0],
+               f", steps {block[1].start}:{block[1].stop}" if tokens and x.ndim >= 2 else "")
     return put_batch(batch, self.mesh, tokens=tokens)
+
+  _told_rows = False

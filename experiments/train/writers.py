@@ -46,6 +46,16 @@ class MetricsWriter:
       self._tb.close()
 
 
+class NullWriter:
+  """What processes other than process 0 write: nothing (process 0 logs for all)."""
+
+  def write(self, step: int, scalars: dict) -> None:
+    del step, scalars
+
+  def close(self) -> None:
+    pass
+
+
 def _tensorboard_writer(logdir: Path):
   try:
     from tensorboardX import SummaryWriter

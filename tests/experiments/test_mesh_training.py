@@ -55,13 +55,13 @@ def _assert_same_params(got, want):
 def single_device(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("one_device")
   train(_config(), workdir)
-  return _losses(workdir), _params(workdir)
+  return _losses(workdir), _params(workdir), workdir
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_each_step_and_the_parameters_equal_the_single_device_run(name, single_device,
                                                                   tmp_path):
-  want_losses, want_params = single_device
+  want_losses, want_params, _ = single_device
   result = train(_config(LAYOUTS[name]), tmp_path)
   assert result["step"] == STEPS
   got = _losses(tmp_path)
@@ -72,7 +72,7 @@ def test_each_step_and_the_parameters_equal_the_single_device_run(name, single_d
 
 def test_resume_on_smaller_meshes_continues_the_same_curve(single_device, tmp_path):
   """Steps 1-2 on 8 devices, 3 on 4, 4 on one: the curve of the one-device run."""
-  want_losses, want_params = single_device
+  want_losses, want_params, _ = single_device
 
   def stop_at(step_to_stop):
     def callback(step, batch):
@@ -90,11 +90,29 @@ def test_resume_on_smaller_meshes_continues_the_same_curve(single_device, tmp_pa
 
 
 def test_grad_accum_over_a_mesh_equals_one_full_batch_on_one_device(single_device, tmp_path):
-  want_losses, want_params = single_device
+  want_losses, want_params, _ = single_device
   train(_config(dict(data=2, table=2), grad_accum=2), tmp_path)
   np.testing.assert_allclose(list(_losses(tmp_path).values()), list(want_losses.values()),
                              atol=2e-5)
   _assert_same_params(_params(tmp_path), want_params)
+
+
+def test_eval_on_a_mesh_equals_eval_on_one_device(single_device):
+  from experiments.train.evaluate import evaluate_checkpoint
+  workdir = single_device[2]
+  want, step = evaluate_checkpoint(workdir, max_batches=2)
+  got, got_step = evaluate_checkpoint(workdir, max_batches=2,
+                                      mesh=mesh_lib.parse_mesh("data=2, table=4"))
+  assert got_step == step and set(got) == set(want)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_parse_mesh():
+  assert mesh_lib.parse_mesh("data=2,table=-1") == {"data": 2, "table": -1}
+  for bad in ("data", "data=two", "data=2,,x"):
+    with pytest.raises(ValueError, match="axis=size pairs"):
+      mesh_lib.parse_mesh(bad)
 
 
 # --- where the arrays live ------------------------------------------------------------------
@@ -181,3 +199,54 @@ def test_a_mesh_the_run_cannot_use_is_refused_naming_the_numbers(mesh, batch, ma
   with pytest.raises(ValueError, match=match):
     train(config, tmp_path)
   assert not (tmp_path / "checkpoints").exists()
+
+
+# --- several processes ---------------------------------------------------------------------
+
+
+def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path):
+  """`lngram-exp train` in 2 processes (jax.distributed on localhost, gloo, 4 host devices
+  each) on one data=2 × table=4 mesh: the loss curve and the parameters of the same run in
+  one process with 8 devices; each process feeds its own half of every batch."""
+  import os
+  import socket
+  import subprocess
+  import sys
+  from pathlib import Path
+
+  root = Path(__file__).resolve().parents[2]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
+  if cache_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+  workdir = tmp_path / "two_processes"
+  command = [sys.executable, "-m", "experiments", "train",
+             "--config=experiments/configs/lm_lngram.py:smoke", f"--workdir={workdir}",
+             "--config.data.batch_size=8", f"--config.train.steps={STEPS}",
+             "--config.train.progress=False", "--config.train.eval_every=100",
+             "--config.train.ckpt_every=2", "--config.mesh.data=2", "--config.mesh.table=4",
+             f"--coordinator={address}", "--num_processes=2"]
+  procs = [subprocess.Popen([*command, f"--process_id={i}"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+  assert "process 0 feeds rows 0:4 of every 8-row batch" in logs[0]
+  assert "process 1 feeds rows 4:8 of every 8-row batch" in logs[1]
+
+  one = tmp_path / "one_process"
+  train(_config(LAYOUTS["data2_table4"]), one)
+  np.testing.assert_allclose(list(_losses(workdir).values()), list(_losses(one).values()),
+                             rtol=0, atol=1e-6)
+  assert list(_losses(workdir)) == list(range(1, STEPS + 1))
+  _assert_same_params(_params(workdir), _params(one))
