@@ -250,3 +250,21 @@ def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path):
                              rtol=0, atol=1e-6)
   assert list(_losses(workdir)) == list(range(1, STEPS + 1))
   _assert_same_params(_params(workdir), _params(one))
+
+
+def test_a_vlm_stage_on_a_mesh_equals_one_device(tmp_path):
+  """The VLM stage-0 run (two curriculum phases) on data 2 × fsdp 2: the same losses."""
+  def run(mesh, workdir):
+    c = load_config("experiments/configs/vlm_base.py:smoke")
+    c.train.progress = False
+    c.vlm.eval.update(n=2, max_new_tokens=4)   # the test is the training curve
+    c.mesh.update(mesh)
+    train(c, workdir)
+    return _losses(workdir)
+
+  want = run({}, tmp_path / "one")
+  got = run(dict(data=2, fsdp=2), tmp_path / "mesh")
+  assert list(got) == list(want)
+  np.testing.assert_allclose(list(got.values()), list(want.values()), atol=2e-5)
+  with pytest.raises(ValueError, match="only the byte LM splits time"):
+    run(dict(seq=2), tmp_path / "seq")
