@@ -140,19 +140,33 @@ def _lookup(order, bits, surrogate, tau, scale, impl, table, logits, codes, rows
 
 
 def _lookup_fwd(order, bits, surrogate, tau, scale, impl, table, logits, codes, rows, valid):
-  del order, bits, surrogate, tau, scale, impl
+  del order, bits, tau, scale
   mem = gather_rows(table, rows, valid)
-  return mem, (table, logits, codes, rows, valid)
+  # The hard rows' scores ⟨g, E[row]⟩ of the backward read `mem` (which the readout
+  # keeps alive anyway) instead of the table, where that path takes them.
+  keep = mem if _hard_from_forward(surrogate, impl) else None
+  return mem, (table, logits, codes, rows, valid, keep)
+
+
+def _hard_from_forward(surrogate: str, impl: str) -> bool:
+  """ste, and one-bit in blocks: the backward's hard-row scores come from the forward's
+  rows (the "gather" one-bit reference reads them from the table itself)."""
+  return surrogate == "ste" or (surrogate == "onebit"
+                                and resolve_surrogate_impl(impl, surrogate) == "blocks")
 
 
 def _lookup_bwd(order, bits, surrogate, tau, scale, impl, residuals, g_BxTxRxDm):
-  table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT = residuals
+  table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT, mem = residuals
   acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
   g_BxTxRxDm = g_BxTxRxDm.astype(acc) * valid_BxT[:, :, None, None].astype(acc)
   d_table = table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm)
+  hard = None
+  if mem is not None:   # mem = E[rows] (zero where g is zero): ⟨g, E[rows]⟩ exactly
+    hard = jnp.einsum("btrd,btrd->btr", mem.astype(acc), g_BxTxRxDm)
   d_logits = surrogate_logit_grad(
       table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, g_BxTxRxDm,
-      order=order, bits=bits, surrogate=surrogate, tau=tau, scale=scale, impl=impl)
+      order=order, bits=bits, surrogate=surrogate, tau=tau, scale=scale, impl=impl,
+      hard_BxTxR=hard)
   return d_table, d_logits.astype(logits_BxTxRxM.dtype), None, None, None
 
 
@@ -175,11 +189,14 @@ def _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm):
 
 
 def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
-                         g_BxTxRxDm, *, order, bits, surrogate, tau, scale, impl=None):
+                         g_BxTxRxDm, *, order, bits, surrogate, tau, scale, impl=None,
+                         hard_BxTxR=None):
   """The router-logit cotangent of one order, summed over windows and slots.
 
   `g_BxTxRxDm` must already be zero at invalid windows. `impl` as
-  `ngram_lookup`'s `surrogate_impl`; "gather" is the code below.
+  `ngram_lookup`'s `surrogate_impl`; "gather" is the code below. `hard_BxTxR`:
+  ⟨g, E[rows]⟩ if the caller has it (ste and one-bit in blocks use it; the
+  one-bit "gather" reference always reads the hard rows itself).
   """
   acc = g_BxTxRxDm.dtype
   z_BxTxRxM = logits_BxTxRxM.astype(acc)
@@ -188,10 +205,10 @@ def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
   if resolve_surrogate_impl(impl, surrogate) == "blocks" and surrogate in ("exact", "onebit"):
     return surrogate_logit_grad_blocks(
         table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, order=order, bits=bits,
-        surrogate=surrogate, tau=tau, scale=scale)
+        surrogate=surrogate, tau=tau, scale=scale,
+        hard_scores_BxTxR=hard_BxTxR if surrogate == "onebit" else None)
   C = 2**bits
-  hard_BxTxR = None
-  if surrogate in ("onebit", "ste"):
+  if surrogate == "onebit" or (surrogate == "ste" and hard_BxTxR is None):
     hard_BxTxR = _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm)
   d_z = jnp.zeros_like(z_BxTxRxM)
   for slot in range(order):

@@ -68,8 +68,9 @@ def _exact_rows(rows_N, U: int, bits: int):
   return cand_NxUxC.reshape(-1, U * C)
 
 
-def _onebit_rows(rows_N, U: int, bits: int):
-  """The hard row, then the U·M rows with one bit flipped: [N, 1 + U·M].
+def _onebit_rows(rows_N, U: int, bits: int, *, with_hard: bool = True):
+  """The hard row (unless `with_hard` is False), then the U·M rows with one bit
+  flipped: [N, 1 + U·M] (or [N, U·M]).
 
   Flipping bit j of slot u moves the row by (1 - 2b_j)·2^j·C^u.
   """
@@ -77,6 +78,8 @@ def _onebit_rows(rows_N, U: int, bits: int):
   sign_NxUxM = 1 - 2 * _hard_bits(digit_NxU, bits)  # +1 if the hard bit is 0
   step_UxM = stride_U[:, None] * (2 ** jnp.arange(bits, dtype=jnp.int32))
   flipped_NxUM = (rows_N[:, None, None] + sign_NxUxM * step_UxM).reshape(-1, U * bits)
+  if not with_hard:
+    return flipped_NxUM
   return jnp.concatenate([rows_N[:, None], flipped_NxUM], axis=1)
 
 
@@ -133,15 +136,46 @@ def block_scores(table_ExDm, read_WxK, g_WxDm, chunk: int):
   return jax.lax.map(one, xs).reshape(W, K)
 
 
+def slot_block_scores(table_ExDm, rows_W, g_WxDm, *, slot: int, bits: int, chunk: int):
+  """⟨g_w, E[base_u + c·C^u]⟩ for the C candidates c of slot u: [W, C], W a multiple of
+  `chunk`.
+
+  The table seen as [E / C^(u+1), C, C^u, Dm] holds slot u's candidates of a row at
+  [row // C^(u+1), :, row % C^u]: one gather index per window fetches all C rows (a
+  contiguous block for u = 0, rows C^u apart otherwise), where `block_scores` needs C
+  indices; XLA's CPU gather costs per index as much as per byte.
+  """
+  C = 2**bits
+  E, Dm = table_ExDm.shape
+  inner = C**slot
+  table_4d = table_ExDm.reshape(E // (C * inner), C, inner, Dm)
+  dims = jax.lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(0, 2),
+                                        start_index_map=(0, 1, 2, 3))
+
+  def one(args):
+    rows_N, g_NxDm = args
+    zero_N = jnp.zeros_like(rows_N)
+    start_Nx4 = jnp.stack([rows_N // (C * inner), zero_N, rows_N % inner, zero_N], axis=-1)
+    cand_NxCxDm = jax.lax.gather(table_4d, start_Nx4, dims, slice_sizes=(1, C, 1, Dm),
+                                 mode="clip")
+    return jnp.einsum("ncd,nd->nc", cand_NxCxDm.astype(g_NxDm.dtype), g_NxDm)
+
+  xs = (rows_W.reshape(-1, chunk), g_WxDm.reshape(-1, chunk, Dm))
+  return jax.lax.map(one, xs).reshape(-1, C)
+
+
 def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, *,
                                 order: int, bits: int, surrogate: str, tau: float,
-                                scale: float, chunk_bytes: int | None = None):
+                                scale: float, chunk_bytes: int | None = None,
+                                hard_scores_BxTxR=None):
   """`lookup.surrogate_logit_grad` for "exact" and "onebit", rows read in blocks.
 
   Every window (b, t, r) reads all its candidate rows, over all slots, in one
   gather (`block_scores`, in chunks of `chunk_windows`); the surrogate maths then
   runs on all windows' scores at once. `g_BxTxRxDm` must already be zero at
-  invalid windows.
+  invalid windows. `hard_scores_BxTxR`: ⟨g, E[hard row]⟩ if the caller has it
+  (the lookup's backward takes it from the forward's retrieved rows), so that
+  the one-bit surrogate reads only the U·M flipped rows.
   """
   if surrogate not in ("exact", "onebit"):
     raise ValueError(f"surrogate_logit_grad_blocks: surrogate={surrogate!r} has no block form.")
@@ -152,13 +186,27 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
   U = order
   windows = B * T * R
   rows_W = rows_BxTxR.reshape(-1)
-  read_WxK = (_exact_rows if surrogate == "exact" else _onebit_rows)(rows_W, U, bits)
-  n = chunk_windows(windows, read_WxK.shape[1], Dm * jnp.dtype(acc).itemsize, chunk_bytes)
-  pad = -windows % n
-  # Padding windows read row 0 against g = 0 and are dropped.
-  scores_WxK = block_scores(
-      table_ExDm, jnp.pad(read_WxK, ((0, pad), (0, 0))),
-      jnp.pad(g_BxTxRxDm.reshape(-1, Dm), ((0, pad), (0, 0))), n)[:windows]
+  row_bytes = Dm * jnp.dtype(acc).itemsize
+  if surrogate == "exact":   # slot by slot, C rows per gather index
+    n = chunk_windows(windows, 2**bits, row_bytes, chunk_bytes)
+    pad = -windows % n
+    rows_pad, g_pad = jnp.pad(rows_W, (0, pad)), jnp.pad(g_BxTxRxDm.reshape(-1, Dm),
+                                                          ((0, pad), (0, 0)))
+    scores_WxK = jnp.concatenate(
+        [slot_block_scores(table_ExDm, rows_pad, g_pad, slot=u, bits=bits, chunk=n)
+         for u in range(U)], axis=1)[:windows]
+  else:
+    given = hard_scores_BxTxR is not None
+    read_WxK = _onebit_rows(rows_W, U, bits, with_hard=not given)
+    n = chunk_windows(windows, read_WxK.shape[1], row_bytes, chunk_bytes)
+    pad = -windows % n
+    # Padding windows read row 0 against g = 0 and are dropped.
+    scores_WxK = block_scores(
+        table_ExDm, jnp.pad(read_WxK, ((0, pad), (0, 0))),
+        jnp.pad(g_BxTxRxDm.reshape(-1, Dm), ((0, pad), (0, 0))), n)[:windows]
+    if given:
+      scores_WxK = jnp.concatenate(
+          [hard_scores_BxTxR.reshape(-1, 1).astype(scores_WxK.dtype), scores_WxK], axis=1)
   # Slot u of the window ending at t holds the symbol at t - (U-1-u).
   z_at_WxUxM = jnp.stack([shift_right(z_BxTxRxM, U - 1 - u) for u in range(U)],
                          axis=3).reshape(-1, U, M)

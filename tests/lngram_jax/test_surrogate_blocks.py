@@ -172,3 +172,44 @@ def test_blocks_lower_for_tpu(surrogate):
   text = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*avals).lower(
       lowering_platforms=("tpu",)).as_text()
   assert "gather" in text
+
+
+@pytest.mark.parametrize("bits, order", [(2, 3), (3, 2), (4, 1)])
+def test_slot_block_scores_read_the_slot_candidates(bits, order):
+  """One gather index per window and slot fetches the rows base_u + c·C^u, c < C."""
+  rng = np.random.default_rng(bits)
+  R, Dm, W = 3, 5, 16
+  C = 2**bits
+  table = jnp.asarray(rng.normal(size=(R * C**order, Dm)), jnp.float32)
+  rows = jnp.asarray(rng.integers(0, R * C**order, W), jnp.int32)
+  g = jnp.asarray(rng.normal(size=(W, Dm)), jnp.float32)
+  want = surrogate_blocks.block_scores(table, surrogate_blocks._exact_rows(rows, order, bits),
+                                       g, chunk=4).reshape(W, order, C)
+  for slot in range(order):
+    got = surrogate_blocks.slot_block_scores(table, rows, g, slot=slot, bits=bits, chunk=4)
+    digit = (np.asarray(rows) // C**slot) % C
+    base = np.asarray(rows) - digit * C**slot
+    brute = np.einsum("wcd,wd->wc", np.asarray(table)[base[:, None] + np.arange(C) * C**slot],
+                      np.asarray(g))
+    np.testing.assert_allclose(np.asarray(got), brute, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, slot]), rtol=1e-5, atol=1e-6)
+
+
+def test_onebit_with_the_hard_scores_given_equals_reading_them():
+  """The lookup's backward hands the one-bit blocks the forward's ⟨g, E[hard row]⟩; the
+  flipped rows are then all it reads, and the gradient is the same."""
+  bits = 3
+  tables, z, gs, seg, valid = _problem(5, orders=(2,), M=bits, T=7)
+  codes = codes_from_logits(z)
+  rows, ok = ngram_rows(codes, order=2, bits=bits, segment_ids=seg, valid=valid)
+  g = gs[0] * ok[:, :, None, None]
+  hard = jnp.einsum("btrd,btrd->btr", jnp.take(tables[0], rows, axis=0), g)
+  kw = dict(order=2, bits=bits, surrogate="onebit", tau=1.1, scale=0.7, chunk_bytes=300)
+  read = surrogate_blocks.surrogate_logit_grad_blocks(tables[0], z, rows, g, **kw)
+  given = surrogate_blocks.surrogate_logit_grad_blocks(tables[0], z, rows, g, **kw,
+                                                       hard_scores_BxTxR=hard)
+  assert float(jnp.max(jnp.abs(read))) > 1e-2
+  np.testing.assert_allclose(np.asarray(given), np.asarray(read), rtol=1e-6, atol=1e-6)
+  assert lookup._hard_from_forward("onebit", "blocks") and lookup._hard_from_forward("ste", "gather")
+  assert not lookup._hard_from_forward("onebit", "gather")
+  assert not lookup._hard_from_forward("exact", "blocks")
