@@ -59,6 +59,39 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, 
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
 
+_MESH_GROUPS = re.compile(  # `mesh[...]`, maybe `, device_ids=(...)`, then `{axes}`
+    r"replica_groups=mesh\[(?P<sizes>[^\]]*)\][^{]*\{(?P<axes>[^}]*)\}")
+_SINGLETONS = re.compile(r"replica_groups=(\{\{\d+\}(,\{\d+\})*\}|\[\d+,1\])")
+
+
+def normalise_hlo(hlo_text: str) -> str:
+  """HLO text with every collective on one plain line that `collective_bytes` reads.
+
+  Three things the line parser alone would miscount: tuple shapes of more than five
+  elements carry `/*index=5*/` comments (their `=` cuts the shape, so only the
+  elements after the last comment are counted: of the one gradient all-reduce
+  XLA combines a data-parallel step into, a few scalars);
+  replica groups written `mesh['axis_0'=2,...], device_ids=(...) {'axis_0'}` (read
+  as group size 1, so an all-gather would count its whole result); and
+  collectives over singleton groups (a mesh axis of size 1, e.g. Lngram's psum
+  over `table` on a data-only mesh), which move nothing. Here the comments are
+  dropped, mesh groups rewritten as `[n,g]<=[N]`, singleton-group lines left out.
+  """
+  out = []
+  for line in hlo_text.splitlines():
+    line = re.sub(r"/\*index=\d+\*/", "", line)
+    if m := _MESH_GROUPS.search(line):
+      sizes = {a: int(n) for a, n in re.findall(r"'([^']+)'=(\d+)", m.group("sizes"))}
+      group = int(np.prod([sizes[a] for a in re.findall(r"'([^']+)'", m.group("axes"))]))
+      total = int(np.prod(list(sizes.values())))
+      line = (f"{line[:m.start()]}replica_groups=[{total // group},{group}]<=[{total}]"
+              f"{line[m.end():]}")
+    if _SINGLETONS.search(line):
+      continue
+    out.append(line)
+  return "\n".join(out)
+
+
 def _group_size(line: str) -> int:
   if m := re.search(r"replica_groups=\{\{([0-9,]*)\}", line):
     return len(m.group(1).split(","))
@@ -70,7 +103,7 @@ def _group_size(line: str) -> int:
 def collective_bytes(hlo_text: str) -> dict[str, int]:
   """Bytes each device contributes to every collective kind in an HLO module."""
   totals = dict.fromkeys(_OPS, 0)
-  for line in hlo_text.splitlines():
+  for line in normalise_hlo(hlo_text).splitlines():
     m = _INSTR.search(line)
     if m is None:
       continue

@@ -14,7 +14,7 @@ processes it must span them all. All sizes 1 (the default) is a one-device mesh:
 the run is exactly what it was before meshes existed.
 
 Placement is by parameter path (`param_specs`): `*/memory/tables/*` rows over
-`table` (when they divide), Lngram v2's `router_w` columns over `table` (the
+`table` and `fsdp` (when they divide; fsdp shards are gathered where used), Lngram v2's `router_w` columns over `table` (the
 route-parallel form), every other parameter with a dimension that `fsdp` divides
 split along its largest such dimension, the rest replicated. The optimiser state
 follows the parameters leaf for leaf (`like_params`).
@@ -162,8 +162,12 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh,
   table, fsdp = int(mesh.shape["table"]), int(mesh.shape["fsdp"])
   in_memory = "memory" in path
   if in_memory and len(path) >= 2 and path[-2] == "tables" and len(shape) == 2:
-    if table > 1 and shape[0] % table == 0:
-      return P("table", None)
+    # Rows over table (the layer's own split) and, at rest, over fsdp too: a table
+    # shard is gathered over fsdp where it is used, like every fsdp parameter.
+    for axes in (("table", "fsdp"), ("table",), ("fsdp",)):
+      axes = tuple(a for a in axes if int(mesh.shape[a]) > 1)
+      if axes and shape[0] % int(np.prod([mesh.shape[a] for a in axes])) == 0:
+        return P(axes if len(axes) > 1 else axes[0], None)
     if table > 1:
       log.warning("mesh: %s has %d rows, not a multiple of mesh.table=%d; replicated.",
                   "/".join(path), shape[0], table)

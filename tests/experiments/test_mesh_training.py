@@ -128,17 +128,17 @@ def test_tables_split_by_rows_router_by_routes_dense_over_fsdp():
   mesh = mesh_lib.make_train_mesh(dict(fsdp=2, table=4))
   placed = mesh_lib.Placement(mesh, params, lngram_paths=layout.lngram_paths(model))
   memory = placed.params["blocks"][1]["memory"]
-  assert memory["tables"][1].spec == P("table", None)
+  assert memory["tables"][1].spec == P(("table", "fsdp"), None)   # gathered over fsdp
   assert memory["router_w"].spec == P(None, "table")
   assert placed.params["embed"]["table"].spec == P("fsdp", None)     # [256, 32]: rows
   assert placed.params["blocks"][1]["mlp"]["w_up"].spec == P(None, "fsdp")   # [32, 64]
   table = placed.put_params(params)["blocks"][1]["memory"]["tables"][1]
-  assert {s.data.shape for s in table.addressable_shards} == {(256 // 4, 8)}
+  assert {s.data.shape for s in table.addressable_shards} == {(256 // 8, 8)}
   # AdamW's moments follow the parameters; its step count is replicated.
   import optax
   opt = placed.init_opt_state(optax.adamw(1e-3), placed.put_params(params))
   mu = opt[0].mu["blocks"][1]["memory"]["tables"][1]
-  assert mu.sharding.spec == P("table", None) and opt[0].count.sharding.spec == P()
+  assert mu.sharding.spec == P(("table", "fsdp"), None) and opt[0].count.sharding.spec == P()
 
 
 def test_comparison_arm_tables_split_by_rows_too():
