@@ -3,11 +3,15 @@
     python -m experiments.report [--root=runs/repro] [--out=experiments/results/lngram]
 
 Reads every run of `experiments.reproduce.plan()` that has written metrics, and prints
-the Markdown of RESULTS.md's Lngram section: per experiment, each arm's final validation
+the Markdown of RESULTS.md's Lngram section: a summary table of the paper's claims
+(its number beside ours and a verdict); per experiment, each arm's final validation
 bits per byte (mean ± std over its finished seeds, the seeds named), memory parameters
 (total / active per token, from the config file) and median training tokens/s; plus one
-validation-curve plot per experiment (seed bands) written as PNG under `--out`. Numbers
-are never typed by hand: rerun this after more runs finish.
+validation-curve plot per experiment (seed bands) written as PNG under `--out`; then the
+ID analyses of the best Lngram v2 run and the insertion comparison, read from the
+`<run>/analysis/*.json` that `python -m experiments.reproduce analyze` writes. Numbers
+are never typed by hand (except the paper's): rerun this after more runs finish; what is
+not there yet shows as "pending: <why>".
 """
 
 from __future__ import annotations
@@ -188,18 +192,20 @@ CLAIMS = (
 )
 
 
-def _finals(results, experiment, arm) -> list[float]:
+def _finals(results, experiment, arm, seed: int | None = None) -> list[float]:
+  """The finished seeds' final bits/byte of an arm (only `seed`'s, if given)."""
   entry = results.get(experiment, {}).get(arm)
   if entry is None:
     return []
-  return [s["final"] for s in entry["seeds"].values() if s["final"] is not None]
+  return [s["final"] for k, s in entry["seeds"].items()
+          if s["final"] is not None and (seed is None or k == seed)]
 
 
 def verdict(better: list[float], worse: list[float]) -> str:
   """'reproduced' when the better arm's mean is lower by more than twice the standard error
   of the difference, 'not reproduced' when higher by as much, else 'inconclusive'."""
   if len(better) < 2 or len(worse) < 2:
-    return "pending (fewer than 2 seeds each)"
+    return "pending: fewer than 2 seeds each"
   diff = statistics.mean(worse) - statistics.mean(better)
   se = (statistics.variance(better) / len(better) + statistics.variance(worse) / len(worse)) ** 0.5
   if diff > 2 * se:
@@ -209,29 +215,95 @@ def verdict(better: list[float], worse: list[float]) -> str:
   return f"inconclusive at this scale (gap {diff:+.4f}, 2 s.e. {2 * se:.4f})"
 
 
-def summary(results) -> str:
-  lines = ["| claim | paper | ours (final val. bits/byte, mean ± std, seeds) | verdict |",
-           "|---|---|---|---|"]
+# Single-seed comparisons (the routes study has one seed per arm, as the issue allows):
+# (claim, paper's figure, experiment, better arm, worse arm, arms also shown).
+SINGLE_SEED_CLAIMS = (
+    ("at equal table parameters, more routes beat wider entries",
+     "avg 55.71 (r64/m4/KV8, 90.2M) vs 54.69 (r23/m4/KV8/mem256, 89.4M) (Table 3)",
+     "routes", "r64_mem32", "r16_mem128", ()),
+    ("more KV heads help the readout (KV 4 over KV 1 at r16)",
+     "avg 56.16 (r121/m4/KV16) vs 53.69 (r123/m4/KV2), ~156M each (Table 3)",
+     "routes", "r16_kv4", "r16_kv1", ("r16_kv2",)),
+    ("inserting Lngram into a trained backbone beats adding it from step 0",
+     "gain over the base +0.70 avg (into mature Keye2B) vs +0.17 (new Qwen3+SigLIP2 VLM) "
+     "(Table 5)", None, ("insertion", "inserted_300", 0), ("main", "lngram_r16", 0), ()),
+)
+
+
+def _pending_arm(results, experiment, arm, seed=None) -> str:
+  entry = results.get(experiment, {}).get(arm)
+  state = ("not started" if entry is None or (seed is not None and seed not in entry["seeds"])
+           else "not finished")
+  return f"pending: {experiment}/{arm}{'' if seed is None else f'_s{seed}'} {state}"
+
+
+def single_seed_verdict(better: str, b: list[float], worse: str, w: list[float]) -> str:
+  """The direction of a one-seed comparison: no spread, so no 'reproduced'."""
+  diff = statistics.mean(w) - statistics.mean(b)
+  if diff > 0:
+    return f"one seed: {better} lower by {diff:.4f} (the paper's direction), no spread"
+  if diff < 0:
+    return f"one seed: {worse} lower by {-diff:.4f} (against the paper), no spread"
+  return "one seed: equal, no spread"
+
+
+def _arm(spec, experiment) -> tuple[str, str, int | None]:
+  """(experiment, arm, seed or None) of a claim's arm: an arm of `experiment`, or
+  (experiment, arm, seed)."""
+  return spec if isinstance(spec, tuple) else (experiment, spec, None)
+
+
+def single_seed_row(results, claim, paper, experiment, better, worse, also) -> str:
+  arms = [_arm(better, experiment), _arm(worse, experiment)] + [(experiment, a, None)
+                                                                  for a in also]
+  shown = [(e, a, s, _finals(results, e, a, s)) for e, a, s in arms]
+  ours = ", ".join(f"{a}{'' if s is None else f'_s{s}'} {_mean_std(v) if v else '–'} "
+                   f"(n={len(v)})" for _, a, s, v in shown)
+  (_, b_arm, _, b), (_, w_arm, _, w) = shown[:2]
+  if not b or not w:
+    why = "; ".join(_pending_arm(results, e, a, s) for e, a, s, v in shown[:2] if not v)
+  else:
+    why = single_seed_verdict(b_arm, b, w_arm, w)
+  return f"| {claim} | {paper} | {ours} (final val. bits/byte) | {why} |"
+
+
+def summary(results, root: Path | None = None) -> str:
+  lines = ["| claim | paper | ours (final val. bits/byte mean ± std (n seeds), or as named) | "
+           "verdict |", "|---|---|---|---|"]
   for claim, paper, experiment, better, worse in CLAIMS:
     b, w = _finals(results, experiment, better), _finals(results, experiment, worse)
     ours = (f"{better} {_mean_std(b)} (n={len(b)}) vs {worse} {_mean_std(w)} (n={len(w)})")
     lines.append(f"| {claim} | {paper} | {ours} | {verdict(b, w)} |")
+  for row in SINGLE_SEED_CLAIMS:
+    lines.append(single_seed_row(results, *row))
+  if root is not None:
+    from experiments.report_analyses import analysis_claims  # it imports this module
+    lines += [f"| {claim} | {paper} | {ours} | {why} |"
+              for claim, paper, ours, why in analysis_claims(root)]
   return "\n".join(lines)
+
+
+ONE_SEED_NOTE = {"routes": "One seed per arm (enough for the issue's question): the "
+                           "differences have no spread estimate; read them as directions."}
 
 
 def report(root: Path, out: Path) -> str:
   results = collect(root)
   if not results:
     return f"No reproduction runs under {root} yet (python -m experiments.reproduce run)."
-  parts = [provenance(results), "", summary(results), ""]
+  parts = [provenance(results), "", summary(results, root), ""]
   for experiment, arms in results.items():
     parts.append(table(experiment, arms))
+    if experiment in ONE_SEED_NOTE:
+      parts.append("\n" + ONE_SEED_NOTE[experiment])
     path = plot(experiment, arms, out)
     if path is not None:
       # Links relative to experiments/RESULTS.md, where the section goes.
       link = os.path.relpath(path.resolve(), RESULTS_DIR.resolve())
       parts.append(f"\n![{experiment}]({Path(link).as_posix()})")
     parts.append("")
+  from experiments.report_analyses import id_section, insertion_section
+  parts += [id_section(root), "", insertion_section(root, results), ""]
   return "\n".join(parts)
 
 

@@ -2,6 +2,7 @@
 
     python -m experiments.reproduce list [--only=main,sink]     the commands, and which are done
     python -m experiments.reproduce run  [--only=main] [--max_runs=N]
+    python -m experiments.reproduce analyze [--force] [--dry_run]
 
 `run` trains the runs one after another in `runs/repro/<experiment>/<name>_s<seed>` (a
 rerun resumes a cut run exactly and skips finished ones), so the queue can be stopped and
@@ -9,6 +10,13 @@ started at any time. `python -m experiments.report` turns the run directories in
 tables and plots of RESULTS.md. Every run is an ordinary training command: the seed sets
 the parameters (`train.seed`) and the batch order (`data.seed`); data, steps, optimiser and
 schedule are those of the config files, the same for every arm.
+
+`analyze` runs `lngram-exp analyze` (the paper's §3 and App. B/C analyses, written into
+`<run>/analysis/`, the log into `<run>/analysis/analyze.log`) on the best finished Lngram
+v2 run of `main` (lowest final validation bits/byte among the lngram_r16 / lngram_r64
+seeds: all six analyses) and on the insertion pair (`insertion/inserted_300_s0` and
+`main/lngram_r16_s0`: stability and injection), skipping runs not finished yet and
+analyses already written (`--force` redoes them; `--dry_run` only prints the commands).
 
 Experiments:
   main       baseline, Lngram v2 r16 and r64, Lngram v1, PKM, Engram, the sparse FFN
@@ -100,17 +108,29 @@ def plan() -> list[Run]:
   return runs
 
 
-def finished(run: Run) -> bool:
-  """A summary row of the run's final evaluation exists (the loop writes it last)."""
-  metrics = run.workdir / "metrics.jsonl"
+def run_dir(run: Run, root: Path = ROOT) -> Path:
+  """The directory the run reads (its own or the one it shares) under `root`."""
+  return Path(root) / run.workdir.relative_to(ROOT)
+
+
+def final_bits_per_byte(run: Run, root: Path = ROOT) -> float | None:
+  """Validation bits per byte of the run's final evaluation; None until it is written."""
+  metrics = run_dir(run, root) / "metrics.jsonl"
   if not metrics.exists():
-    return False
+    return None
   steps = _steps(run)
   for line in metrics.read_text().splitlines():
+    if not line.strip():
+      continue
     row = json.loads(line)
     if row.get("step") == steps and "eval/bits_per_byte" in row:
-      return True
-  return False
+      return float(row["eval/bits_per_byte"])
+  return None
+
+
+def finished(run: Run, root: Path = ROOT) -> bool:
+  """A summary row of the run's final evaluation exists (the loop writes it last)."""
+  return final_bits_per_byte(run, root) is not None
 
 
 def _steps(run: Run) -> int:
@@ -118,6 +138,70 @@ def _steps(run: Run) -> int:
     if o.startswith("--config.train.steps="):
       return int(o.split("=", 1)[1])
   return 600
+
+
+# The analyses of `lngram-exp analyze` on an LM run (experiments.analysis.run.LM_ANALYSES).
+ANALYSES = ("utilisation", "id_knn", "associations", "distributed", "stability", "injection")
+BEST_ARMS = ("lngram_r16", "lngram_r64")          # of `main`: the Lngram v2 arms
+INSERTION_PAIR = ("insertion/inserted_300_s0", "main/lngram_r16_s0")   # inserted, from step 0
+INSERTION_ANALYSES = ("stability", "injection")   # App. B.2 and B.3
+
+
+def best_lngram_run(root: Path = ROOT, runs: list[Run] | None = None) -> tuple[Run, float] | None:
+  """(run, final bits/byte) of the finished Lngram v2 run of `main` with the lowest final
+  validation bits per byte, or None while none has finished."""
+  scored = [(final_bits_per_byte(r, root), r) for r in (runs or plan())
+            if r.experiment == "main" and r.name in BEST_ARMS]
+  scored = [(v, r) for v, r in scored if v is not None]
+  if not scored:
+    return None
+  value, run = min(scored, key=lambda vr: (vr[0], vr[1].key))
+  return run, value
+
+
+def analysis_path(run: Run, name: str, root: Path = ROOT) -> Path:
+  return run_dir(run, root) / "analysis" / f"{name}.json"
+
+
+def analysis_jobs(root: Path = ROOT, force: bool = False):
+  """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)].
+
+  The best Lngram v2 run gets every analysis, each run of the insertion pair stability
+  and injection (one command per run directory); a run not finished is skipped, and so
+  is an analysis whose JSON exists unless `force`."""
+  runs = plan()
+  by_key = {r.key: r for r in runs}
+  wanted: dict[str, tuple[list[str], list[str]]] = {}   # key -> (analyses, reasons)
+  skipped: list[tuple[str, str]] = []
+  best = best_lngram_run(root, runs)
+  if best is None:
+    skipped.append(("main/" + "|".join(BEST_ARMS), "no Lngram v2 run of main has finished"))
+  else:
+    run, value = best
+    wanted[run.key] = (list(ANALYSES), [f"best Lngram v2 run, {value:.4f} bits/byte"])
+  for key, role in zip(INSERTION_PAIR, ("inserted at step 300", "Lngram from step 0"),
+                       strict=True):
+    if not finished(by_key[key], root):
+      skipped.append((key, f"{role}: not finished"))
+      continue
+    names, reasons = wanted.setdefault(key, ([], []))
+    names += [n for n in INSERTION_ANALYSES if n not in names]
+    reasons.append(f"insertion pair, {role}")
+  jobs = []
+  for key, (names, reasons) in wanted.items():
+    run = by_key[key]
+    todo = [n for n in ANALYSES if n in names
+            and (force or not analysis_path(run, n, root).exists())]
+    done = [n for n in ANALYSES if n in names and n not in todo]
+    if done:
+      skipped.append((key, f"already written: {','.join(done)} (--force redoes them)"))
+    if todo:
+      jobs.append((run, tuple(todo), "; ".join(reasons)))
+  return jobs, skipped
+
+
+def analyze_command(run: Run, names, root: Path = ROOT) -> list[str]:
+  return ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}", f"--which={','.join(names)}"]
 
 
 def select(runs, only: str | None):
@@ -145,10 +229,14 @@ def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("action", choices=("list", "run"))
+  parser.add_argument("action", choices=("list", "run", "analyze"))
   parser.add_argument("--only", default=None, help="comma-separated experiments")
   parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
+  parser.add_argument("--force", action="store_true", help="analyze: redo written analyses")
+  parser.add_argument("--dry_run", action="store_true", help="analyze: print, do not run")
   ns = parser.parse_args(argv)
+  if ns.action == "analyze":
+    return analyze(force=ns.force, dry_run=ns.dry_run)
   runs = select(plan(), ns.only)
   if ns.action == "list":
     for run in runs:
@@ -177,6 +265,29 @@ def main(argv=None):
       return code
     done.add(run.key)
   return 0
+
+
+def analyze(force: bool = False, dry_run: bool = False, root: Path = ROOT) -> int:
+  """Runs `lngram-exp analyze` for every job of `analysis_jobs`, one after another; the
+  output of each goes to `<run>/analysis/analyze.log`. Returns the first failing exit code."""
+  jobs, skipped = analysis_jobs(root, force)
+  for key, why in skipped:
+    print(f"skip {key}: {why}", flush=True)
+  status = 0
+  for run, names, why in jobs:
+    command = analyze_command(run, names, root)
+    print(f"analyze {run.key} ({why}): {' '.join(command)}", flush=True)
+    if dry_run:
+      continue
+    out = run_dir(run, root) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "analyze.log", "a") as log:
+      code = subprocess.call([sys.executable, "-m", "experiments", *command[1:]],
+                             stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+      print(f"analyze {run.key} exited {code}; see {out / 'analyze.log'}", flush=True)
+      status = status or code
+  return status
 
 
 if __name__ == "__main__":
