@@ -80,6 +80,9 @@ _WHICH = flags.DEFINE_list("which", None, "analyze: which analyses (default all;
                            "associations,distributed,stability,injection).")
 _MAX_POSITIONS = flags.DEFINE_integer("max_positions", 4000, "analyze (LM runs): sampled "
                                       "byte positions per split (reference, held-out).")
+_STABILITY_STEPS = flags.DEFINE_list(
+    "stability_steps", None, "analyze (LM runs): the kept checkpoints the stability analysis "
+    "compares, e.g. 100,300 (default: every kept one, adjacent pairs).")
 _N_PERM = flags.DEFINE_integer("n_perm", 500, "analyze (LM runs): permutations of the "
                                "ID-KNN test.")
 _MAX_MEMORY = flags.DEFINE_string("max_memory", None, "train: refuse a config whose "
@@ -263,7 +266,7 @@ def _inspect(command):
                          f"--n_perm={_N_PERM.value} >= 0.")
       out = analyze_lm(_WORKDIR.value, which=tuple(_WHICH.value or LM_ANALYSES),
                        max_positions=_MAX_POSITIONS.value, seed=_SEED.value,
-                       n_perm=_N_PERM.value)
+                       n_perm=_N_PERM.value, stability_steps=_stability_steps())
       print(f"wrote {sorted(out)} (.json, .md, .png) into {_WORKDIR.value}/analysis")
       return 0
     from experiments.vlm.run import analyze
@@ -303,6 +306,16 @@ def _inspect(command):
   for prompt, text in zip(prompts, texts, strict=True):
     print(f"--- {prompt!r}\n{prompt}{text}")
   return 0
+
+
+def _stability_steps() -> tuple[int, ...] | None:
+  if not _STABILITY_STEPS.value:
+    return None
+  try:
+    return tuple(int(s) for s in _STABILITY_STEPS.value)
+  except ValueError:
+    raise ValueError(f"--stability_steps={','.join(_STABILITY_STEPS.value)}: give checkpoint "
+                     "steps as integers, e.g. 100,300.") from None
 
 
 def _mesh_flag() -> dict | None:

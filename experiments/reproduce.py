@@ -145,6 +145,10 @@ ANALYSES = ("utilisation", "id_knn", "associations", "distributed", "stability",
 BEST_ARMS = ("lngram_r16", "lngram_r64")          # of `main`: the Lngram v2 arms
 INSERTION_PAIR = ("insertion/inserted_300_s0", "main/lngram_r16_s0")   # inserted, from step 0
 INSERTION_ANALYSES = ("stability", "injection")   # App. B.2 and B.3
+# The inserted run keeps its own steps 100, 200, 300 (backbone steps 400, 500, 600); its
+# stability is measured over own 100 -> 300 = backbone 400 -> 600, the same 200-step
+# interval as the from-scratch run's last one (400 -> 600).
+STABILITY_STEPS = {"insertion/inserted_300_s0": (100, 300)}
 
 
 def best_lngram_run(root: Path = ROOT, runs: list[Run] | None = None) -> tuple[Run, float] | None:
@@ -201,7 +205,11 @@ def analysis_jobs(root: Path = ROOT, force: bool = False):
 
 
 def analyze_command(run: Run, names, root: Path = ROOT) -> list[str]:
-  return ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}", f"--which={','.join(names)}"]
+  command = ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
+             f"--which={','.join(names)}"]
+  if "stability" in names and run.key in STABILITY_STEPS:
+    command.append(f"--stability_steps={','.join(map(str, STABILITY_STEPS[run.key]))}")
+  return command
 
 
 def select(runs, only: str | None):

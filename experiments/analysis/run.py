@@ -90,7 +90,7 @@ def collect(model, config, *, max_positions: int | None, seed: int, n_reference:
 def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, seed: int = 0,
                n_reference: int = 256, max_queries: int | None = 2000, n_perm: int = 500,
                n_docs: int = 48, windows_per_doc: int = 2, n_boot: int = 10_000,
-               progress: bool = True) -> dict:
+               stability_steps=None, progress: bool = True) -> dict:
   """Runs the chosen analyses on an LM run; returns {name: result}.
 
   Parameters
@@ -103,6 +103,8 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, 
   max_queries, n_perm : held-out queries scored by the readers; permutations of the test.
   n_docs, windows_per_doc : held-out files and windows per file of stability / injection.
   n_boot : document bootstrap resamples of the stability CIs.
+  stability_steps : the kept checkpoints stability compares, in order (default: all kept
+    up to the analysed step, adjacent pairs); e.g. (100, 300) for one 200-step interval.
   """
   which = tuple(dict.fromkeys(which))
   unknown = set(which) - set(LM_ANALYSES)
@@ -165,6 +167,13 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, 
   if "stability" in which:
     with run_checkpointer(workdir, async_save=False, create=False) as ckpt:
       steps = [s for s in ckpt.all_steps() if s <= step]
+    if stability_steps:
+      wanted = sorted({int(s) for s in stability_steps})
+      missing = [s for s in wanted if s not in steps]
+      if missing or len(wanted) < 2:
+        raise ValueError(f"analyze stability: --stability_steps={wanted} must name two or "
+                         f"more kept checkpoints up to step {step}; kept: {steps}.")
+      steps = wanted
     if len(steps) < 2:
       log.info("analyze stability: skipped, the run keeps one checkpoint (steps %s)", steps)
       results["stability"] = {"steps": steps, "rows": [], "n_docs": windows.n_docs,
@@ -172,7 +181,8 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, 
                               "n_boot": n_boot, "seed": seed, "primary": "fixed",
                               "note": "needs two or more kept checkpoints"}
     else:
-      models = [restore_module(workdir, s)[0] for s in steps[:-1]] + [model]
+      models = [restore_module(workdir, s)[0] for s in steps[:-1]]
+      models.append(model if steps[-1] == step else restore_module(workdir, steps[-1])[0])
       results["stability"] = stability.address_stability(
           models, steps, windows, n_boot=n_boot, seed=seed, progress=_progress("stability"))
     modules["stability"] = stability

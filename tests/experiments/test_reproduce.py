@@ -347,3 +347,19 @@ def test_single_seed_routes_claims(tmp_path):
   assert "One seed per arm" in text
   assert report.single_seed_verdict("a", [2.1], "b", [2.0]) == (
       "one seed: b lower by 0.1000 (against the paper), no spread")
+
+
+def test_the_inserted_run_is_measured_over_the_from_scratch_run_s_interval():
+  """Own steps 100 -> 300 of the run inserted at 300 = backbone steps 400 -> 600, the last
+  interval of the 600-step run it is compared with."""
+  by_key = {r.key: r for r in reproduce.plan()}
+  inserted, scratch = (by_key[k] for k in reproduce.INSERTION_PAIR)
+  command = reproduce.analyze_command(inserted, ("stability", "injection"))
+  assert command[-1] == "--stability_steps=100,300"
+  assert not any(c.startswith("--stability_steps") for c in
+                 reproduce.analyze_command(scratch, ("stability", "injection")))
+  assert not any(c.startswith("--stability_steps") for c in
+                 reproduce.analyze_command(inserted, ("injection",)))
+  offset = reproduce._steps(by_key[inserted.after])
+  first, last = reproduce.STABILITY_STEPS[inserted.key]
+  assert (offset + first, offset + last) == (400, reproduce._steps(scratch))

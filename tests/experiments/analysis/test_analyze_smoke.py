@@ -57,6 +57,21 @@ def test_analyze_runs_every_analysis(smoke_run_copy, capsys):
   assert f"into {workdir}/analysis" in capsys.readouterr().out
 
 
+def test_stability_compares_the_checkpoints_named(smoke_run_copy, capsys):
+  from experiments.cli import run_main
+
+  workdir, _ = smoke_run_copy   # kept: steps 1 and 2
+  bad = ["lngram-exp", "analyze", f"--workdir={workdir}", "--which=stability"]
+  assert run_main([*bad, "--stability_steps=1,5"]) == 2
+  assert "--stability_steps=[1, 5] must name two or more kept checkpoints" in \
+      capsys.readouterr().err
+  assert run_main([*bad, "--stability_steps=one"]) == 2
+  assert "as integers" in capsys.readouterr().err
+  assert run_main([*bad, "--stability_steps=2,1"]) == 0, capsys.readouterr().err[-2000:]
+  stab = json.loads((workdir / "analysis" / "stability.json").read_text())
+  assert stab["steps"] == [1, 2] and {r["from_step"] for r in stab["rows"]} == {1}
+
+
 def test_analyze_rejects_unknown_lm_analyses(smoke_run, capsys):
   from experiments.cli import run_main
 
