@@ -59,17 +59,35 @@ class PackedRows:
     return pack_row(self.docs, order, offsets, int(rows[i]), self.seq_len)
 
 
+def _row_of_block(source, batch_size: int, first: int, per: int, i: int) -> dict:
+  """Element i of one process's rows: row first + i % per of global batch i // per."""
+  return source[(i // per) * batch_size + first + i % per]
+
+
 class TrainIterator:
   """Endless training batches with a JSON-serialisable, exactly resumable state."""
 
   def __init__(self, corpus: Corpus, *, seq_len: int, batch_size: int, seed: int,
-               prefetch: int = 4):
+               prefetch: int = 4, rows: tuple[int, int] | None = None):
+    """`rows=(a, b)`: only rows a..b-1 of every `batch_size`-row batch (one process's part
+    of the global batch, read by that process alone); None: whole batches. The state
+    counts batches, so it resumes under any split of the rows."""
     self.source = PackedRows(corpus.train_docs, seq_len, seed=seed, epochs=_EPOCHS)
     self.fingerprint = {
         "file_list_sha256": corpus.manifest["file_list_sha256"],
         "seq_len": seq_len, "batch_size": batch_size, "seed": seed,
     }
-    dataset = grain.MapDataset.source(self.source).batch(batch_size, drop_remainder=True)
+    dataset = grain.MapDataset.source(self.source)
+    if rows is not None:
+      a, b = rows
+      if not 0 <= a < b <= batch_size:
+        raise ValueError(f"TrainIterator: rows={rows} must satisfy 0 <= a < b <= "
+                         f"batch_size={batch_size}.")
+      per = b - a
+      dataset = grain.MapDataset.range(len(self.source) // batch_size * per).map(
+          functools.partial(_row_of_block, self.source, batch_size, a, per))
+      batch_size = per
+    dataset = dataset.batch(batch_size, drop_remainder=True)
     # One reader thread: rows are cheap and the cores belong to XLA.
     options = grain.ReadOptions(num_threads=1 if prefetch else 0,
                                 prefetch_buffer_size=max(prefetch, 1))

@@ -34,6 +34,11 @@ def use(mesh: Mesh | None):
     _ACTIVE.reset(token)
 
 
+def current() -> Mesh | None:
+  """The mesh of the enclosing `use` block, whatever its size (None outside one)."""
+  return _ACTIVE.get()
+
+
 def active() -> Mesh | None:
   """The mesh of the enclosing `use` block if it has more than one device, else None."""
   mesh = _ACTIVE.get()

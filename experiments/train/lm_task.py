@@ -20,7 +20,7 @@ from flax import nnx
 
 from experiments.data import load_corpus, write_manifest
 from experiments.data.corpus import corpus_spec
-from experiments.models import DecoderLM
+from experiments.models import DecoderLM, layout
 from experiments.models.config import lm_config
 from experiments.train import lngram_metrics, memory_metrics
 from experiments.train.insertion import insert_into
@@ -85,7 +85,6 @@ def make_eval_step(graphdef, memory_config):
 
 def evaluate_batches(eval_step, params, batches, memory_config=None) -> dict[str, float]:
   """Validation loss (nats and bits per byte) and memory-branch metrics over `batches`."""
-  from experiments.models import layout
   loss_sum = tokens = 0.0
   lngram_stats = arm_stats = None
   mesh = layout.active()
@@ -131,7 +130,14 @@ def lm_task(config, workdir) -> Task:
   corpus = load_corpus(corpus_spec(config))
   if jax.process_index() == 0:
     write_manifest(corpus, workdir)
-  batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size, seed=dc.seed)
+  # Several processes: each reads only the rows of every global batch its devices hold.
+  rows = None
+  mesh = layout.current()
+  if jax.process_count() > 1 and mesh is not None:
+    from experiments.train.mesh import process_rows
+    rows = (*process_rows(mesh, dc.batch_size), dc.batch_size)
+  batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size, seed=dc.seed,
+                          rows=None if rows is None else rows[:2])
   val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                              max_batches=dc.eval_batches)
   model = DecoderLM(model_cfg, rngs=nnx.Rngs(params=config.train.seed))
@@ -157,5 +163,6 @@ def lm_task(config, workdir) -> Task:
       kind="lm", module=model, saved_config=saved_config("lm", config, model_cfg),
       batches=batches, loss=lm_loss, optim=config.optim, phases=(config.train.steps,),
       evaluate=evaluate, tokens_per_step=dc.batch_size * dc.seq_len, check_mesh=check_mesh,
+      batch_rows=rows,
       description=(f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation "
                    f"bytes{inserted}"))

@@ -206,7 +206,7 @@ def _train(config, workdir: Path, *, callback, task: Task | None, lock, mesh) ->
         clock.data_s += time.perf_counter() - t_data
         if callback is not None:
           callback(step, batch)
-        batch = placed.put_batch(batch, tokens=task.kind == "lm")
+        batch = placed.put_batch(batch, tokens=task.kind == "lm", rows=task.batch_rows)
         state, metrics = train_step(phase)(state, rest, batch)
         profile.after(step, metrics)
         # Fetch the previous step's metrics while this one runs.

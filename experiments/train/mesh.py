@@ -242,18 +242,36 @@ def process_block(sharding: NamedSharding, shape: tuple[int, ...]) -> tuple[slic
   return tuple(block)
 
 
-def put_batch(batch: dict, mesh: Mesh, *, tokens: bool = True) -> dict:
-  """A host batch (every process holds the same global batch) as global device arrays:
-  each process transfers only its own block of rows (`process_block`), disjoint from
-  the other processes' blocks whenever the batch axes span the processes."""
+def process_rows(mesh: Mesh, batch_size: int, *, tokens: bool = True) -> tuple[int, int]:
+  """The rows (first, last + 1) of every global batch that this process's devices hold:
+  what this process alone needs to read."""
+  block = process_block(batch_sharding(mesh, 1, tokens=tokens), (batch_size,))
+  return block[0].start, block[0].stop
+
+
+def put_batch(batch: dict, mesh: Mesh, *, tokens: bool = True,
+              rows: tuple[int, int, int] | None = None) -> dict:
+  """A host batch as global device arrays; each process transfers only its own block
+  (`process_block`), disjoint from the other processes' whenever the batch axes span them.
+
+  `rows=(first, stop, global_rows)`: the host batch holds only rows first..stop-1 of the
+  global batch (this process read nothing else, `process_rows`); None: every process
+  holds the same whole batch.
+  """
 
   def put(x):
     x = np.asarray(x)
     sharding = batch_sharding(mesh, x.ndim, tokens=tokens)
     if x.ndim == 0 or jax.process_count() == 1:
       return jax.device_put(x, sharding)
-    return jax.make_array_from_process_local_data(
-        sharding, x[process_block(sharding, x.shape)], x.shape)
+    shape = x.shape if rows is None else (rows[2], *x.shape[1:])
+    block = process_block(sharding, shape)
+    if rows is not None:
+      if (block[0].start, block[0].stop) != tuple(rows[:2]) or x.shape[0] != rows[1] - rows[0]:
+        raise ValueError(f"put_batch: this process holds rows {rows[:2]} of the batch but "
+                         f"its devices take rows {block[0].start}:{block[0].stop}.")
+      block = (slice(None), *block[1:])
+    return jax.make_array_from_process_local_data(sharding, x[block], shape)
 
   return jax.tree.map(put, batch)
 
@@ -284,14 +302,17 @@ class Placement:
     return ({"params": self.params, "opt_state": opt, "step": self.replicated},
             self.replicated)
 
-  def put_batch(self, batch, *, tokens: bool):
+  def put_batch(self, batch, *, tokens: bool, rows=None):
     if jax.process_count() > 1 and not self._told_rows:
       self._told_rows = True
       x = next(np.asarray(v) for v in jax.tree.leaves(batch) if np.ndim(v) >= 1)
-      block = process_block(batch_sharding(self.mesh, x.ndim, tokens=tokens), x.shape)
-      log.info("process %d feeds rows %d:%d of every %d-row batch%s", jax.process_index(),
-               block[0].start, block[0].stop, x.shape[0],
-               f", steps {block[1].start}:{block[1].stop}" if tokens and x.ndim >= 2 else "")
-    return put_batch(batch, self.mesh, tokens=tokens)
+      shape = x.shape if rows is None else (rows[2], *x.shape[1:])
+      block = process_block(batch_sharding(self.mesh, x.ndim, tokens=tokens), shape)
+      log.info("process %d feeds rows %d:%d of every %d-row batch%s (%s)",
+               jax.process_index(), block[0].start, block[0].stop, shape[0],
+               f", steps {block[1].start}:{block[1].stop}" if tokens and x.ndim >= 2 else "",
+               "read by this process alone" if rows is not None else
+               "every process reads the whole batch")
+    return put_batch(batch, self.mesh, tokens=tokens, rows=rows)
 
   _told_rows = False

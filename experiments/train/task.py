@@ -30,6 +30,9 @@ frozen backbone, Stage II GRPO); a `Task` supplies what differs:
     tokens_per_step  for the progress bar's throughput
     check_mesh    optional `(mesh) -> None`: refuses, naming the numbers, a
                   device mesh the run cannot be split over (experiments/train/mesh.py)
+    batch_rows    (first, stop, global rows) when `batches` yields only this
+                  process's rows of every global batch (several processes); None:
+                  every process reads whole batches
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class Task:
   tokens_per_step: int = 0
   description: str = ""
   check_mesh: Callable[[Any], None] | None = None
+  batch_rows: tuple[int, int, int] | None = None
 
   def __post_init__(self):
     self.phases = tuple(int(s) for s in self.phases)

@@ -149,6 +149,26 @@ def test_train_batches_deterministic_and_resumable():
     other.set_state(state)
 
 
+def test_a_process_reads_only_its_rows_of_every_batch():
+  """Processes split every global batch by rows: together the whole batch, each its
+  block, in the same order, and a state saved from the whole stream resumes a block."""
+  corpus = _tiny_corpus()
+  whole = TrainIterator(corpus, seq_len=16, batch_size=6, seed=3, prefetch=0)
+  parts = [TrainIterator(corpus, seq_len=16, batch_size=6, seed=3, prefetch=0, rows=r)
+           for r in ((0, 2), (2, 6))]
+  for _ in range(3):
+    batch = next(whole)
+    got = [next(p) for p in parts]
+    for key in batch:
+      np.testing.assert_array_equal(np.concatenate([g[key] for g in got]), batch[key])
+  state = whole.get_state()
+  resumed = TrainIterator(corpus, seq_len=16, batch_size=6, seed=3, prefetch=0, rows=(2, 6))
+  resumed.set_state(state)
+  np.testing.assert_array_equal(next(resumed)["inputs"], next(whole)["inputs"][2:6])
+  with pytest.raises(ValueError, match="rows=\\(4, 9\\)"):
+    TrainIterator(corpus, seq_len=16, batch_size=6, seed=3, rows=(4, 9))
+
+
 def test_each_epoch_is_a_permutation_of_rows():
   corpus = _tiny_corpus(max_files=3)
   it = TrainIterator(corpus, seq_len=64, batch_size=1, seed=7, prefetch=0)

@@ -241,8 +241,10 @@ def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path):
       if p.poll() is None:
         p.kill()
   assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
-  assert "process 0 feeds rows 0:4 of every 8-row batch" in logs[0]
-  assert "process 1 feeds rows 4:8 of every 8-row batch" in logs[1]
+  assert "process 0 feeds rows 0:4 of every 8-row batch, steps 0:32 (read by this process " \
+      "alone)" in logs[0]
+  assert "process 1 feeds rows 4:8 of every 8-row batch, steps 0:32 (read by this process " \
+      "alone)" in logs[1]
 
   one = tmp_path / "one_process"
   train(_config(LAYOUTS["data2_table4"]), one)
