@@ -270,3 +270,20 @@ def test_a_vlm_stage_on_a_mesh_equals_one_device(tmp_path):
   np.testing.assert_allclose(list(got.values()), list(want.values()), atol=2e-5)
   with pytest.raises(ValueError, match="only the byte LM splits time"):
     run(dict(seq=2), tmp_path / "seq")
+
+
+@pytest.mark.parametrize("arm", ["lm_pkm.py", "lm_engram.py"])
+def test_comparison_arms_with_row_sharded_tables_train_the_one_device_curve(arm, tmp_path):
+  """The arms' tables split over table × fsdp and partitioned by XLA: the same losses."""
+  def run(mesh, workdir):
+    c = load_config(f"experiments/configs/{arm}:smoke")
+    c.data.batch_size = 8
+    c.train.update(steps=3, progress=False, eval_every=100, ckpt_every=100)
+    c.mesh.update(mesh)
+    train(c, workdir)
+    return _losses(workdir)
+
+  want = run({}, tmp_path / "one")
+  got = run(dict(data=2, fsdp=2, table=2), tmp_path / "mesh")
+  assert list(got) == list(want)
+  np.testing.assert_allclose(list(got.values()), list(want.values()), atol=2e-5)
