@@ -284,7 +284,11 @@ def summary(results, root: Path | None = None) -> str:
 
 
 ONE_SEED_NOTE = {"routes": "One seed per arm (enough for the issue's question): the "
-                           "differences have no spread estimate; read them as directions."}
+                           "differences have no spread estimate; read them as directions.",
+                 "main": "tokens/s: the median over each run's logged intervals on a shared "
+                         "2-core machine where other jobs ran at times, so it is not a "
+                         "benchmark; `python -m experiments.bench.train` measures every "
+                         "arm side by side (BENCHMARKS.md)."}
 
 
 def report(root: Path, out: Path) -> str:
