@@ -70,14 +70,19 @@ def memory_params(config_spec: str) -> tuple[int, int]:
 def collect(root: Path) -> dict:
   """{experiment: {name: {"config", "seeds": {seed: {"final", "curve", "tok_s"}}}}}."""
   out: dict = defaultdict(dict)
-  for run in reproduce.plan():
+  runs = reproduce.plan()
+  by_key = {r.key: r for r in runs}
+  for run in runs:
     workdir = root / run.workdir.relative_to(reproduce.ROOT)
     rows = read_metrics(workdir)
     if not rows:
       continue
     entry = out[run.experiment].setdefault(run.name, {"config": run.config, "seeds": {}})
+    # An inserted run's curve continues its backbone's: steps on the model's own clock.
+    offset = reproduce.step_offset(run, by_key)
+    curve = [(step + offset, value) for step, value in eval_curve(rows)]
     entry["seeds"][run.seed] = {"final": final_eval(rows, reproduce._steps(run)),
-                                "curve": eval_curve(rows), "tok_s": tokens_per_s(rows),
+                                "curve": curve, "tok_s": tokens_per_s(rows),
                                 **run_provenance(workdir)}
   return out
 

@@ -212,15 +212,6 @@ def _insertion_runs():
   return [by_key[k] for k in reproduce.INSERTION_PAIR]
 
 
-def _step_offset(run) -> int:
-  """Steps the run's backbone trained before it started (`init_from` a run of the plan)."""
-  for o in run.overrides:
-    if o.startswith("--config.init_from="):
-      source = o.split("=", 1)[1]
-      return next(reproduce._steps(r) for r in reproduce.plan() if str(r.workdir) == source)
-  return 0
-
-
 def _last_stability(result: dict, offset: int) -> dict:
   """{layer: row} of the primary protocol's last interval, steps in total training steps."""
   rows = [r for r in result["rows"] if r["protocol"] == result.get("primary", "fixed")]
@@ -307,7 +298,7 @@ def _insertion_analyses(root: Path):
         results[name], whys[name] = None, f"pending: {run.key} not finished"
       else:
         results[name], whys[name] = read_analysis(reproduce.run_dir(run, root), name)
-    out.append((run, label, _step_offset(run), results, whys))
+    out.append((run, label, reproduce.step_offset(run), results, whys))
   return out
 
 
@@ -333,7 +324,7 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
   finals = {label: _finals(results, r.experiment, r.name, r.seed) for r, label, *_ in pair}
   base = _finals(results, "main", "baseline", scr.seed)
   lines = ["#### Insertion vs from scratch (App. B)", "",
-           f"Lngram inserted at step {_step_offset(ins)} into the baseline (`{ins.key}`: "
+           f"Lngram inserted at step {reproduce.step_offset(ins)} into the baseline (`{ins.key}`: "
            f"{reproduce._steps(ins)} more steps from the backbone of `{ins.after}`) against "
            f"Lngram from step 0 (`{scr.key}`, {reproduce._steps(scr)} steps); the same Lngram "
            "config and seed, the same total steps (each leg of the inserted run has its own "

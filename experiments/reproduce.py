@@ -105,6 +105,7 @@ def plan() -> list[Run]:
                   (f"--config.init_from={base300.workdir}", "--config.train.steps=300",
                    "--config.train.ckpt_every=100", "--config.train.eval_every=100"),
                   after=base300.key))
+  runs += _seeds("insertion", "from_step_0", "lm_lngram.py", (0,), same_as=r16)
   return runs
 
 
@@ -126,6 +127,15 @@ def final_bits_per_byte(run: Run, root: Path = ROOT) -> float | None:
     if row.get("step") == steps and "eval/bits_per_byte" in row:
       return float(row["eval/bits_per_byte"])
   return None
+
+
+def step_offset(run: Run, by_key: dict[str, Run] | None = None) -> int:
+  """Where a run's own step 0 lies on its model's training clock: the steps of the run
+  whose checkpoint it starts from (`init_from`, the insertion), else 0."""
+  if run.after is None or not any(o.startswith("--config.init_from=") for o in run.overrides):
+    return 0
+  by_key = by_key or {r.key: r for r in plan()}
+  return _steps(by_key[run.after])
 
 
 def finished(run: Run, root: Path = ROOT) -> bool:

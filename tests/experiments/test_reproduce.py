@@ -363,3 +363,17 @@ def test_the_inserted_run_is_measured_over_the_from_scratch_run_s_interval():
   offset = reproduce._steps(by_key[inserted.after])
   first, last = reproduce.STABILITY_STEPS[inserted.key]
   assert (offset + first, offset + last) == (400, reproduce._steps(scratch))
+
+
+def test_the_inserted_run_s_curve_continues_its_backbone_s(tmp_path):
+  root = tmp_path / "repro"
+  _fake_run(root, "insertion/baseline_300_s0", [(100, 2.9), (300, 2.4)], steps=300)
+  _fake_run(root, "insertion/inserted_300_s0", [(100, 2.3), (300, 2.1)], steps=300)
+  _fake_run(root, "main/lngram_r16_s0", [(600, 2.0)])
+  insertion = report.collect(root)["insertion"]
+  assert insertion["baseline_300"]["seeds"][0]["curve"] == [(100, 2.9), (300, 2.4)]
+  assert insertion["inserted_300"]["seeds"][0]["curve"] == [(400, 2.3), (600, 2.1)]
+  assert insertion["from_step_0"]["seeds"][0]["final"] == 2.0   # main/lngram_r16_s0
+  by_key = {r.key: r for r in reproduce.plan()}
+  assert reproduce.step_offset(by_key["insertion/inserted_300_s0"]) == 300
+  assert reproduce.step_offset(by_key["insertion/baseline_300_s0"]) == 0
