@@ -14,10 +14,13 @@ processes it must span them all. All sizes 1 (the default) is a one-device mesh:
 the run is exactly what it was before meshes existed.
 
 Placement is by parameter path (`param_specs`): `*/memory/tables/*` rows over
-`table` and `fsdp` (when they divide; fsdp shards are gathered where used), Lngram v2's `router_w` columns over `table` (the
-route-parallel form), every other parameter with a dimension that `fsdp` divides
-split along its largest such dimension, the rest replicated. The optimiser state
-follows the parameters leaf for leaf (`like_params`).
+`table` and `fsdp` (when they divide; fsdp shards are gathered where used), Lngram
+v2's `router_w` columns over `table` (the route-parallel form), every other
+parameter with a dimension that `fsdp` divides split along its largest such
+dimension, the rest replicated. The optimiser state follows the parameters leaf
+for leaf (`like_params`). Batches: rows over data × fsdp, time over seq
+(`batch_sharding`); with several processes each holds only its block of rows
+(`process_rows`, `put_batch`).
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from jax.sharding import PartitionSpec as P
 from experiments.models.layout import AXES, BATCH_AXES
 
 log = logging.getLogger("experiments")
-
-DEFAULTS = {axis: 1 for axis in AXES}
 
 
 def mesh_sizes(block: Mapping | None, n_devices: int) -> dict[str, int]:
