@@ -334,9 +334,11 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
                        for label, v in finals.items())
            + f", baseline (`main/baseline_s{scr.seed}`) "
            f"{_mean_std(base) if base else 'pending'}.", ""]
-  lines += ["B.2 address stability between the last two kept checkpoints, primary protocol "
-            "(the final router on each checkpoint's backbone, Lngram off); steps counted from "
-            "the start of the backbone's training; 95% document-bootstrap CIs:", "",
+  lines += ["B.2 address stability over the last interval each run's stability analysis "
+            "measured (the checkpoints `reproduce.STABILITY_STEPS` names, else the last two "
+            "kept), primary protocol (the final router on each checkpoint's backbone, Lngram "
+            "off); steps counted from the start of the backbone's training; 95% "
+            "document-bootstrap CIs:", "",
             "| layer | run | steps | code agreement ↑ | Hamming ↓ | 2-gram survival ↑ | "
             "3-gram survival ↑ |", "|---|---|---|---|---|---|---|"]
   last = {}
