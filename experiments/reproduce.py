@@ -109,12 +109,13 @@ def plan() -> list[Run]:
   return runs
 
 
-def run_dir(run: Run, root: Path = ROOT) -> Path:
-  """The directory the run reads (its own or the one it shares) under `root`."""
-  return Path(root) / run.workdir.relative_to(ROOT)
+def run_dir(run: Run, root: Path | None = None) -> Path:
+  """The directory the run reads (its own or the one it shares) under `root` (default
+  ROOT, read at call time)."""
+  return Path(ROOT if root is None else root) / run.workdir.relative_to(ROOT)
 
 
-def final_bits_per_byte(run: Run, root: Path = ROOT) -> float | None:
+def final_bits_per_byte(run: Run, root: Path | None = None) -> float | None:
   """Validation bits per byte of the run's final evaluation; None until it is written."""
   metrics = run_dir(run, root) / "metrics.jsonl"
   if not metrics.exists():
@@ -138,7 +139,7 @@ def step_offset(run: Run, by_key: dict[str, Run] | None = None) -> int:
   return _steps(by_key[run.after])
 
 
-def finished(run: Run, root: Path = ROOT) -> bool:
+def finished(run: Run, root: Path | None = None) -> bool:
   """A summary row of the run's final evaluation exists (the loop writes it last)."""
   return final_bits_per_byte(run, root) is not None
 
@@ -161,7 +162,8 @@ INSERTION_ANALYSES = ("stability", "injection")   # App. B.2 and B.3
 STABILITY_STEPS = {"insertion/inserted_300_s0": (100, 300)}
 
 
-def best_lngram_run(root: Path = ROOT, runs: list[Run] | None = None) -> tuple[Run, float] | None:
+def best_lngram_run(root: Path | None = None,
+                    runs: list[Run] | None = None) -> tuple[Run, float] | None:
   """(run, final bits/byte) of the finished Lngram v2 run of `main` with the lowest final
   validation bits per byte, or None while none has finished."""
   scored = [(final_bits_per_byte(r, root), r) for r in (runs or plan())
@@ -173,11 +175,11 @@ def best_lngram_run(root: Path = ROOT, runs: list[Run] | None = None) -> tuple[R
   return run, value
 
 
-def analysis_path(run: Run, name: str, root: Path = ROOT) -> Path:
+def analysis_path(run: Run, name: str, root: Path | None = None) -> Path:
   return run_dir(run, root) / "analysis" / f"{name}.json"
 
 
-def analysis_jobs(root: Path = ROOT, force: bool = False):
+def analysis_jobs(root: Path | None = None, force: bool = False):
   """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)].
 
   The best Lngram v2 run gets every analysis, each run of the insertion pair stability
@@ -214,7 +216,7 @@ def analysis_jobs(root: Path = ROOT, force: bool = False):
   return jobs, skipped
 
 
-def analyze_command(run: Run, names, root: Path = ROOT) -> list[str]:
+def analyze_command(run: Run, names, root: Path | None = None) -> list[str]:
   command = ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
              f"--which={','.join(names)}"]
   if "stability" in names and run.key in STABILITY_STEPS:
@@ -285,7 +287,7 @@ def main(argv=None):
   return 0
 
 
-def analyze(force: bool = False, dry_run: bool = False, root: Path = ROOT) -> int:
+def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None) -> int:
   """Runs `lngram-exp analyze` for every job of `analysis_jobs`, one after another; the
   output of each goes to `<run>/analysis/analyze.log`. Returns the first failing exit code."""
   jobs, skipped = analysis_jobs(root, force)
