@@ -389,6 +389,13 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
   return "\n".join(lines)
 
 
+def _count_verdict(hits: int, total: int, text: str) -> str:
+  """reproduced when every setting agrees, not reproduced when none does, else inconclusive."""
+  if hits == total:
+    return f"reproduced: {text}"
+  return f"not reproduced: {text}" if hits == 0 else f"inconclusive at this scale: {text}"
+
+
 def analysis_claims(root: Path) -> list[tuple[str, str, str, str]]:
   """Summary rows (claim, paper, ours, verdict) of the ID analyses and the insertion pair."""
   from experiments.analysis.associations import PAPER as ASSOC
@@ -450,9 +457,7 @@ def analysis_claims(root: Path) -> list[tuple[str, str, str, str]]:
     above_all = sum(t["observed"] > t["null_max"] for t in tests)
     text = (f"p ≤ 0.05 in {below}/{len(ps)} layer × target settings, above every "
             f"permutation in {above_all}/{len(ps)}")
-    if below == len(ps):
-      return f"reproduced: {text}"
-    return f"not reproduced: {text}" if below == 0 else f"inconclusive at this scale: {text}"
+    return _count_verdict(below, len(ps), text)
 
   row("the IDs alone carry the semantics: ID-KNN above the permutation null (§3.2)",
       f"observed AP above all 500 permutations, p = {PAPER_P:.4g} in all "
@@ -463,10 +468,7 @@ def analysis_claims(root: Path) -> list[tuple[str, str, str, str]]:
   def rho_verdict(k):
     rhos = _values(k, "rho")
     most = sum(v > 0.5 for v in rhos)
-    text = f"ρ > 50% in {most}/{len(rhos)} settings"
-    if most == len(rhos):
-      return f"reproduced: {text}"
-    return f"not reproduced: {text}" if most == 0 else f"inconclusive at this scale: {text}"
+    return _count_verdict(most, len(rhos), f"ρ > 50% in {most}/{len(rhos)} settings")
 
   row("ID-KNN keeps most of the hidden state's excess AP (§3.2)",
       f"ρ {_span([r[-1] for r in PAPER_TABLE1])} (Table 1)", "id_knn",
@@ -487,10 +489,7 @@ def analysis_claims(root: Path) -> list[tuple[str, str, str, str]]:
   def ratio_verdict(d):
     ratios = _values(d, "ratio")
     above = sum(v > 1 for v in ratios)
-    text = f"AP_R > AP_1 in {above}/{len(ratios)} settings"
-    if above == len(ratios):
-      return f"reproduced: {text}"
-    return f"not reproduced: {text}" if above == 0 else f"inconclusive at this scale: {text}"
+    return _count_verdict(above, len(ratios), f"AP_R > AP_1 in {above}/{len(ratios)} settings")
 
   row("the full signature beats its best single route (C.3)",
       f"AP_128 / AP_1 = {_span(DIST['ap_ratio_range'], _x2)}, 6/6 settings",

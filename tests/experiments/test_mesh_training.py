@@ -45,6 +45,14 @@ def _params(workdir):
   return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 
+def _assert_same_run(workdir, want_losses, want_params):
+  """Every step's loss and the final parameters of the run in `workdir` equal the wanted."""
+  got = _losses(workdir)
+  assert list(got) == list(want_losses)
+  np.testing.assert_allclose(list(got.values()), list(want_losses.values()), atol=2e-5)
+  _assert_same_params(_params(workdir), want_params)
+
+
 def _assert_same_params(got, want):
   flat = jax.tree_util.tree_flatten_with_path(got)[0]
   for (path, a), b in zip(flat, jax.tree.leaves(want), strict=True):
@@ -64,10 +72,7 @@ def test_each_step_and_the_parameters_equal_the_single_device_run(name, single_d
   want_losses, want_params, _ = single_device
   result = train(_config(LAYOUTS[name]), tmp_path)
   assert result["step"] == STEPS
-  got = _losses(tmp_path)
-  assert list(got) == list(want_losses)
-  np.testing.assert_allclose(list(got.values()), list(want_losses.values()), atol=2e-5)
-  _assert_same_params(_params(tmp_path), want_params)
+  _assert_same_run(tmp_path, want_losses, want_params)
 
 
 def test_resume_on_smaller_meshes_continues_the_same_curve(single_device, tmp_path):
@@ -83,10 +88,7 @@ def test_resume_on_smaller_meshes_continues_the_same_curve(single_device, tmp_pa
   assert train(_config(LAYOUTS["data2_table4"]), tmp_path, callback=stop_at(2))["interrupted"]
   assert train(_config(dict(data=2, table=2)), tmp_path, callback=stop_at(3))["interrupted"]
   assert train(_config(), tmp_path)["step"] == STEPS
-  got = _losses(tmp_path)
-  assert list(got) == list(want_losses)
-  np.testing.assert_allclose(list(got.values()), list(want_losses.values()), atol=2e-5)
-  _assert_same_params(_params(tmp_path), want_params)
+  _assert_same_run(tmp_path, want_losses, want_params)
 
 
 def test_grad_accum_over_a_mesh_equals_one_full_batch_on_one_device(single_device, tmp_path):
