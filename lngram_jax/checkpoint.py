@@ -217,7 +217,11 @@ def _filter_late_asyncio_noise(log_file: Path | None) -> None:
   four channels: an unraisable exception, an uncaught exception in a thread,
   asyncio's logger, or `sys.excepthook` (tensorstore's C++ threads print a
   failed `call_soon_threadsafe` callback with PyErr_Print, which calls it).
-  Those reports (only those) go to the log file for the rest of the process."""
+  Those reports (only those) go to the log file for the rest of the process.
+
+  Installed before every read, not after a failure: the reports can start
+  while the failing read is still unwinding, and a filter installed after it
+  let a handful of tracebacks through on a loaded machine."""
   global _noise_log
   _noise_log = log_file
   if getattr(sys.unraisablehook, "_lngram_filter", False):
@@ -452,6 +456,7 @@ class Checkpointer:
       raise ValueError(f"item={item!r} is not one of {JSON_ITEMS}.")
     self._require(step)
     error = None
+    _filter_late_asyncio_noise(self.log_file)
     with quiet_reads(self.log_file):
       try:
         restored = self._manager.restore(
@@ -462,7 +467,6 @@ class Checkpointer:
             f"({type(e).__name__}: {_short(e)}{self._see_log()}).")
         _log_failure(self.log_file, str(error), e)
     if error is not None:
-      _filter_late_asyncio_noise(self.log_file)
       raise error
     return restored[item]
 
@@ -489,6 +493,7 @@ class Checkpointer:
     self._require(step)
     where = f"checkpoint step {step} in {self.directory}"
     error = None
+    _filter_late_asyncio_noise(self.log_file)
     with quiet_reads(self.log_file):
       try:
         restored = dict(self._manager.restore(step, args=ocp.args.Composite(**items)))
@@ -497,7 +502,6 @@ class Checkpointer:
             f"{where} is unreadable ({type(e).__name__}: {_short(e)}{self._see_log()}).")
         _log_failure(self.log_file, str(error), e)
     if error is not None:
-      _filter_late_asyncio_noise(self.log_file)
       raise error
     meta = restored["meta"]
     for name in ARRAY_ITEMS:

@@ -152,6 +152,36 @@ def test_restore_names_the_step_it_used(smoke_run_copy):
   assert len(caught) == 1   # orbax's own warnings and logging stay off the terminal
 
 
+def test_loop_noise_during_a_failing_read_stays_off_the_terminal(smoke_run_copy):
+  # tensorstore's threads can print "Event loop is closed" (PyErr_Print ->
+  # sys.excepthook) while the failing read is still unwinding; a filter
+  # installed only after the failure let those tracebacks reach the terminal.
+  # A fresh process, so no earlier read has installed the filter already.
+  workdir, _ = smoke_run_copy
+  code = ("import sys, threading\n"
+          "from experiments.checkpoint import CorruptCheckpointError, run_checkpointer\n"
+          f"ckpt = run_checkpointer({str(workdir)!r})\n"
+          "def restore(*args, **kwargs):\n"
+          "  def report():\n"
+          "    try:\n"
+          "      raise RuntimeError('Event loop is closed')\n"
+          "    except RuntimeError:\n"
+          "      sys.excepthook(*sys.exc_info())\n"
+          "  worker = threading.Thread(target=report); worker.start(); worker.join()\n"
+          "  raise OSError('simulated unreadable step')\n"
+          "ckpt._manager.restore = restore\n"
+          "try:\n"
+          "  ckpt.read_json(2, 'meta')\n"
+          "except CorruptCheckpointError as e:\n"
+          "  print('refused:', e)\n")
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith("refused: checkpoint step 2"), done.stdout
+  assert "Event loop" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+  assert "Event loop is closed" in (workdir / "checkpoints.log").read_text()
+
+
 @pytest.mark.slow
 def test_eval_on_a_damaged_newest_step_prints_a_few_lines(smoke_run_copy):
   workdir, _ = smoke_run_copy
