@@ -12,7 +12,7 @@
 #   OUT          where results go (default ./gpu_out): gpu_suite.log (every step's
 #                stdout+stderr behind a header with its command, then its exit code and
 #                wall seconds), suite_summary.json, env.json, kernels_bench.json,
-#                lngram_bench.json, decode_8b.json, decode_wide.json.
+#                lngram_bench.json, decode_8b.json, decode_wide.json, lm_efficiency.json.
 #   PY           the Python to use (default python3).
 #   SKIP_WHEELS  1: do not install the wheels of .whl/ (flax, ml_collections) into
 #                /tmp/site; the GPU machine's Python lacks ml_collections and may
@@ -193,3 +193,19 @@ fi
 # STEP 6: VLM training (added by the coordinator)
 # (Steps 1-5 may use the whole default BUDGET_S; a step added here runs only if the ones
 # above finish early, or with a larger BUDGET_S.)
+
+# --- 7. the paper's Table 12: 2B decoder (28 x d 2048), eight Lngram rows (~170 s) ---------
+# Prefill 256/512/1024 and decode B 1/8 latency + memory per row, overheads vs the baseline,
+# and one Lngram layer's decode step. Rows run baseline and r64/m4/KV8 first and the JSON is
+# rewritten after each, so a step cut short keeps what it measured. Like any step after 5,
+# it runs on what steps 1-5 leave of BUDGET_S (every step in full: BUDGET_S=640).
+if [ "$SMOKE" = 1 ]; then
+  step lm-efficiency 170 "$PY" -m experiments.bench.lm_efficiency --smoke \
+    --loop-check r64/m4/KV8 --json "$OUT/lm_efficiency.json"
+else
+  # --loop-check: baseline and r64 again as the unrolled DecoderLM (prefill 1024, decode
+  # B 1) right after their scanned rows; scan / loop ~1 says the scanned timings hold.
+  step lm-efficiency 170 "$PY" -m experiments.bench.lm_efficiency --repeats 5 \
+    --config-limit-s 40 --budget-s 160 --loop-check r64/m4/KV8 \
+    --json "$OUT/lm_efficiency.json"
+fi

@@ -82,6 +82,8 @@ SHAPES = {
     "gpu_width": BenchShape(2048, 64, 4, 128, 16, 8, 128, 1, 1024, "float32"),
     # Issue 14's CPU shape: fewer routes, wider memory, more tokens than `cpu`.
     "cpu_r16": BenchShape(256, 16, 4, 64, 4, 2, 64, 4, 512, "float32"),
+    # One memory layer of experiments/configs/lm_lngram.py at its training batch.
+    "lm": BenchShape(128, 16, 4, 32, 4, 2, 32, 16, 128, "float32"),
 }
 # Surrogates whose backward has more than one implementation (lookup.SURROGATE_IMPLS).
 IMPL_SURROGATES = ("onebit", "exact")
