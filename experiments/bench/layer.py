@@ -82,6 +82,8 @@ SHAPES = {
     "gpu_width": BenchShape(2048, 64, 4, 128, 16, 8, 128, 1, 1024, "float32"),
     # Issue 14's CPU shape: fewer routes, wider memory, more tokens than `cpu`.
     "cpu_r16": BenchShape(256, 16, 4, 64, 4, 2, 64, 4, 512, "float32"),
+    # The paper's widest row, r512/m4/KV8/mem256 (head dim = memory dim), at B 4, T 1024.
+    "gpu_r512": BenchShape(2048, 512, 4, 256, 16, 8, 256, 4, 1024, "bfloat16"),
     # One memory layer of experiments/configs/lm_lngram.py at its training batch.
     "lm": BenchShape(128, 16, 4, 32, 4, 2, 32, 16, 128, "float32"),
 }
