@@ -22,7 +22,7 @@
 #                limits below): a step never runs past it; a step that would start with
 #                under 10 s left is skipped. Each step's limit is its own time budget.
 #   SKIP_STEPS   space-separated step names not to run (recorded as skipped), e.g.
-#                "decode-8b decode-wide" to spend a short session on the steps after them.
+#                "decode-8b decode-wide" to spend a short GPU run on the steps after them.
 #
 # No `set -e`: a failing step must not stop the others. Every step runs under its
 # own `timeout`; exit code 124 means the step hit its limit (its partial output is

@@ -3,7 +3,7 @@ as `LMConfig`s, and two runnable forms of one `DecoderLM` with the same weights.
 
 `ScanLM` runs each stretch of dense blocks between memory layers as a `lax.scan`
 over stacked weights (a program compiles five block bodies, not 28: the whole
-benchmark's compile time fits a short GPU session); `LoopLM` is the repository's
+benchmark's compile time fits a short GPU run); `LoopLM` is the repository's
 unrolled `DecoderLM` behind the same interface, the reference the scanned timings
 are checked against (`lm_efficiency --loop-check`) and the twin its test compares
 outputs with.
