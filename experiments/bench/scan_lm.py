@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments.configs import CONFIG_DIR, load_config
-from experiments.models.attention import attend
 from experiments.models.branches import BranchContext
+from experiments.models.cache import LayerCache
 from experiments.models.config import LMConfig
 from experiments.models.lm import DecoderLM
 from lngram_jax.config import LngramConfig
@@ -102,10 +102,9 @@ def segments(n_layers: int, memory_layers) -> tuple:
 class ScanLM:
   """A `DecoderLM` whose runs of dense blocks execute as `lax.scan` over stacked weights.
 
-  Same weights, same math: dense blocks run the repository's `Block` (parallel
-  and prefill modes) or its decode path written out with the stacked K/V cache
-  in the scan carry (one slot written in place per layer); memory blocks run
-  `Block` unchanged in every mode. Pure functions of `params` (jit-friendly):
+  Same weights, same math: every block is the repository's `Block`, in every
+  mode; in decode, a dense block reads and returns its slice of the stacked K/V
+  cache that the scan carries. Memory blocks run unscanned. Pure functions of `params` (jit-friendly):
     forward(params, tokens_BxT)                 -> logits_BxTxV (uncached)
     prefill(params, tokens_BxT, cache_len)      -> (logits_BxV at the last token, cache)
     decode(params, cache, token_B, steps)       -> (tokens_BxN, logits_NxBxV, cache), greedy
@@ -199,21 +198,17 @@ class ScanLM:
                                cache["layers"], strict=True):
       if seg[0] == "dense":
         def body(carry, xs, gd=gd):
-          # Block.__call__(mode="decode") for a block without branches, with the
-          # layer's cache slot written in the stacked cache itself.
+          # The repository's Block in decode mode on layer i's slice of the stacked
+          # cache; the updated slice goes back into the stack in the carry.
           x_Bx1xD, k_LxBxSxHxDh, v_LxBxSxHxDh = carry
           s, i = xs
-          block = nnx.merge(gd, s)
-          h_Bx1xD = block.attn_norm(x_Bx1xD)
-          q_Bx1xHqxDh, k_Bx1xHxDh, v_Bx1xHxDh = block.attn.qkv(h_Bx1xD, positions_Bx1)
-          k_LxBxSxHxDh = k_LxBxSxHxDh.at[i, rows_B, index_B].set(
-              k_Bx1xHxDh[:, 0].astype(k_LxBxSxHxDh.dtype))
-          v_LxBxSxHxDh = v_LxBxSxHxDh.at[i, rows_B, index_B].set(
-              v_Bx1xHxDh[:, 0].astype(v_LxBxSxHxDh.dtype))
-          o_Bx1xHqxDh = attend(q_Bx1xHqxDh, k_LxBxSxHxDh[i], v_LxBxSxHxDh[i],
-                               key_ok_BxS[:, None, :])
-          x_Bx1xD = x_Bx1xD + block.attn.project_out(o_Bx1xHqxDh)
-          x_Bx1xD = x_Bx1xD + block.mlp(block.mlp_norm(x_Bx1xD))
+          layer_cache = LayerCache(k_BxSxHkvxDh=k_LxBxSxHxDh[i], v_BxSxHkvxDh=v_LxBxSxHxDh[i],
+                                   memory_state=None, ffn_branch_state=None)
+          x_Bx1xD, layer_cache = nnx.merge(gd, s)(
+              x_Bx1xD, ctx, mode="decode", positions_BxT=positions_Bx1, cache=layer_cache,
+              index_B=index_B, key_ok_BxS=key_ok_BxS)
+          k_LxBxSxHxDh = k_LxBxSxHxDh.at[i].set(layer_cache.k_BxSxHkvxDh)
+          v_LxBxSxHxDh = v_LxBxSxHxDh.at[i].set(layer_cache.v_BxSxHkvxDh)
           return (x_Bx1xD, k_LxBxSxHxDh, v_LxBxSxHxDh), None
 
         n = seg[2] - seg[1]
