@@ -17,86 +17,22 @@ not there yet shows as "pending: <why>".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 from experiments import reproduce
+from experiments.configs import load_config
+from experiments.models import lm_config, params
+from experiments.report_analyses import analysis_claims, id_section, insertion_section
+from experiments.results import collect, finals, mean_std
 
 RESULTS_DIR = Path(__file__).resolve().parent   # experiments/, which holds RESULTS.md
 
 
-def read_metrics(workdir: Path) -> list[dict]:
-  path = Path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def final_eval(rows: list[dict], steps: int) -> float | None:
-  """Validation bits per byte at the run's last step, if it got there."""
-  for row in rows:
-    if row.get("step") == steps and "eval/bits_per_byte" in row:
-      return float(row["eval/bits_per_byte"])
-  return None
-
-
-def eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
-  return [(int(r["step"]), float(r["eval/bits_per_byte"])) for r in rows
-          if "eval/bits_per_byte" in r]
-
-
-def tokens_per_s(rows: list[dict]) -> float | None:
-  # The first logged interval includes compilation: skip it.
-  values = [float(r["train/tokens_per_s"]) for r in rows if "train/tokens_per_s" in r][1:]
-  return statistics.median(values) if values else None
-
-
 def memory_params(config_spec: str) -> tuple[int, int]:
   """(total, active per token) of the memory branches of a config file's model."""
-  from experiments.bench.arm_params import count
-  from experiments.configs import load_config
-  from experiments.models import lm_config
-
-  model = lm_config(load_config(f"{reproduce.CONFIGS}/{config_spec}"))
-  if model.memory is None:
-    return 0, 0
-  c = count(model.memory)
-  return len(model.memory_layers) * c["total"], len(model.memory_layers) * c["active"]
-
-
-def collect(root: Path) -> dict:
-  """{experiment: {name: {"config", "seeds": {seed: {"final", "curve", "tok_s"}}}}}."""
-  out: dict = defaultdict(dict)
-  runs = reproduce.plan()
-  by_key = {r.key: r for r in runs}
-  for run in runs:
-    workdir = root / run.workdir.relative_to(reproduce.ROOT)
-    rows = read_metrics(workdir)
-    if not rows:
-      continue
-    entry = out[run.experiment].setdefault(run.name, {"config": run.config, "seeds": {}})
-    # An inserted run's curve continues its backbone's: steps on the model's own clock.
-    offset = reproduce.step_offset(run, by_key)
-    curve = [(step + offset, value) for step, value in eval_curve(rows)]
-    entry["seeds"][run.seed] = {"final": final_eval(rows, reproduce._steps(run)),
-                                "curve": curve, "tok_s": tokens_per_s(rows),
-                                **run_provenance(workdir)}
-  return out
-
-
-def run_provenance(workdir: Path) -> dict:
-  """The corpus content hash and the wall time of a run: from its corpus manifest
-  (written at the start) to its last metrics row (includes pauses of resumed runs)."""
-  manifest = Path(workdir) / "corpus_manifest.json"
-  metrics = Path(workdir) / "metrics.jsonl"
-  if not manifest.exists():
-    return {"corpus": None, "wall_s": None}
-  corpus = json.loads(manifest.read_text()).get("content_sha256")
-  wall = metrics.stat().st_mtime - manifest.stat().st_mtime if metrics.exists() else None
-  return {"corpus": corpus, "wall_s": wall}
+  return params.memory_params(lm_config(load_config(f"{reproduce.CONFIGS}/{config_spec}")))
 
 
 def provenance(results: dict) -> str:
@@ -118,27 +54,19 @@ def provenance(results: dict) -> str:
   return "\n".join(lines)
 
 
-def _mean_std(values: list[float]) -> str:
-  if not values:
-    return "–"
-  if len(values) == 1:
-    return f"{values[0]:.4f}"
-  return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
-
-
 def table(experiment: str, arms: dict) -> str:
   lines = [f"#### {experiment}", "",
            "| arm | config | final val. bits/byte | seeds done | memory params total / active | "
            "tokens/s |", "|---|---|---:|---|---:|---:|"]
   for name, entry in arms.items():
-    finals = [s["final"] for s in entry["seeds"].values() if s["final"] is not None]
+    done_finals = [s["final"] for s in entry["seeds"].values() if s["final"] is not None]
     done = sorted(seed for seed, s in entry["seeds"].items() if s["final"] is not None)
     running = sorted(seed for seed, s in entry["seeds"].items() if s["final"] is None)
     seeds = ", ".join(map(str, done)) + (f" (running: {running})" if running else "")
     total, active = memory_params(entry["config"])
     speeds = [s["tok_s"] for s in entry["seeds"].values() if s["tok_s"] is not None]
     speed = f"{statistics.median(speeds):.0f}" if speeds else "–"
-    lines.append(f"| {name} | `{entry['config']}` | {_mean_std(finals)} | {seeds or '–'} | "
+    lines.append(f"| {name} | `{entry['config']}` | {mean_std(done_finals)} | {seeds or '–'} | "
                  f"{total / 1e6:.3f}M / {active / 1e6:.3f}M | {speed} |")
   return "\n".join(lines)
 
@@ -197,15 +125,6 @@ CLAIMS = (
 )
 
 
-def _finals(results, experiment, arm, seed: int | None = None) -> list[float]:
-  """The finished seeds' final bits/byte of an arm (only `seed`'s, if given)."""
-  entry = results.get(experiment, {}).get(arm)
-  if entry is None:
-    return []
-  return [s["final"] for k, s in entry["seeds"].items()
-          if s["final"] is not None and (seed is None or k == seed)]
-
-
 def verdict(better: list[float], worse: list[float]) -> str:
   """'reproduced' when the better arm's mean is lower by more than twice the standard error
   of the difference, 'not reproduced' when higher by as much, else 'inconclusive'."""
@@ -220,7 +139,7 @@ def verdict(better: list[float], worse: list[float]) -> str:
   return f"inconclusive at this scale (gap {diff:+.4f}, 2 s.e. {2 * se:.4f})"
 
 
-# Single-seed comparisons (the routes study has one seed per arm, as the issue allows):
+# Single-seed comparisons (the routes study has one seed per arm: directions, no spread):
 # (claim, paper's figure, experiment, better arm, worse arm, arms also shown).
 SINGLE_SEED_CLAIMS = (
     ("at equal table parameters, more routes beat wider entries",
@@ -261,8 +180,8 @@ def _arm(spec, experiment) -> tuple[str, str, int | None]:
 def single_seed_row(results, claim, paper, experiment, better, worse, also) -> str:
   arms = [_arm(better, experiment), _arm(worse, experiment)] + [(experiment, a, None)
                                                                   for a in also]
-  shown = [(e, a, s, _finals(results, e, a, s)) for e, a, s in arms]
-  ours = ", ".join(f"{a}{'' if s is None else f'_s{s}'} {_mean_std(v) if v else '–'} "
+  shown = [(e, a, s, finals(results, e, a, s)) for e, a, s in arms]
+  ours = ", ".join(f"{a}{'' if s is None else f'_s{s}'} {mean_std(v) if v else '–'} "
                    f"(n={len(v)})" for _, a, s, v in shown)
   (_, b_arm, _, b), (_, w_arm, _, w) = shown[:2]
   if not b or not w:
@@ -276,19 +195,18 @@ def summary(results, root: Path | None = None) -> str:
   lines = ["| claim | paper | ours (final val. bits/byte mean ± std (n seeds), or as named) | "
            "verdict |", "|---|---|---|---|"]
   for claim, paper, experiment, better, worse in CLAIMS:
-    b, w = _finals(results, experiment, better), _finals(results, experiment, worse)
-    ours = (f"{better} {_mean_std(b)} (n={len(b)}) vs {worse} {_mean_std(w)} (n={len(w)})")
+    b, w = finals(results, experiment, better), finals(results, experiment, worse)
+    ours = (f"{better} {mean_std(b)} (n={len(b)}) vs {worse} {mean_std(w)} (n={len(w)})")
     lines.append(f"| {claim} | {paper} | {ours} | {verdict(b, w)} |")
   for row in SINGLE_SEED_CLAIMS:
     lines.append(single_seed_row(results, *row))
   if root is not None:
-    from experiments.report_analyses import analysis_claims  # it imports this module
     lines += [f"| {claim} | {paper} | {ours} | {why} |"
               for claim, paper, ours, why in analysis_claims(root)]
   return "\n".join(lines)
 
 
-ONE_SEED_NOTE = {"routes": "One seed per arm (enough for the issue's question): the "
+ONE_SEED_NOTE = {"routes": "One seed per arm (enough to read a direction): the "
                            "differences have no spread estimate; read them as directions.",
                  "main": "tokens/s: the median over each run's logged intervals on a shared "
                          "2-core machine where other jobs ran at times, so it is not a "
@@ -311,7 +229,6 @@ def report(root: Path, out: Path) -> str:
       link = os.path.relpath(path.resolve(), RESULTS_DIR.resolve())
       parts.append(f"\n![{experiment}]({Path(link).as_posix()})")
     parts.append("")
-  from experiments.report_analyses import id_section, insertion_section
   parts += [id_section(root), "", insertion_section(root, results), ""]
   return "\n".join(parts)
 

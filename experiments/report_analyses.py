@@ -10,23 +10,16 @@ prints as "pending: <why>", never an error.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from experiments import reproduce
-from experiments.report import _finals, _mean_std, collect
-
-
-def read_analysis(workdir: Path, name: str) -> tuple[dict | None, str]:
-  """(result, "") or (None, why it is pending)."""
-  path = Path(workdir) / "analysis" / f"{name}.json"
-  if not path.exists():
-    return None, f"pending: {name} not run on {Path(workdir).name} " \
-                 "(python -m experiments.reproduce analyze)"
-  try:
-    return json.loads(path.read_text()), ""
-  except (OSError, ValueError) as e:
-    return None, f"pending: {path.name} unreadable ({type(e).__name__})"
+from experiments.analysis.associations import PAPER as ASSOC
+from experiments.analysis.distributed import PAPER as DIST
+from experiments.analysis.id_readers import PAPER_P, PAPER_TABLE1
+from experiments.analysis.injection import PAPER_TABLE7, PAPER_TABLE8
+from experiments.analysis.stability import PAPER_TABLE6
+from experiments.analysis.utilisation import PAPER_TABLE9
+from experiments.results import collect, finals, mean_std, read_analysis
 
 
 def _guarded(fn, *args) -> str:
@@ -87,7 +80,6 @@ def _utilisation_ours(u: dict) -> str:
 
 
 def _utilisation_paper() -> str:
-  from experiments.analysis.utilisation import PAPER_TABLE9
   return "; ".join(f"layer {layer}: {n_eff:.2f} of 16, {ent:.3f}, {100 * top:.1f}%, dead "
                    f"{dead} / {total:,}" for layer, n_eff, ent, top, dead, total in PAPER_TABLE9)
 
@@ -102,7 +94,6 @@ def _id_knn_ours(k: dict) -> str:
 
 
 def _id_knn_paper() -> str:
-  from experiments.analysis.id_readers import PAPER_P, PAPER_TABLE1
   return (f"ρ {_span([row[-1] for row in PAPER_TABLE1])} over {len(PAPER_TABLE1)} settings; "
           f"p = {PAPER_P:.4g} (1/501) in every setting; ordering in all")
 
@@ -116,11 +107,10 @@ def _associations_ours(a: dict) -> str:
 
 
 def _associations_paper() -> str:
-  from experiments.analysis.associations import PAPER
   local = ", ".join(f"layer {layer} {_pct(rate)}"
-                    for layer, rate in PAPER["rate_local_presence"].items())
-  return (f"{PAPER['candidates']:,} / {PAPER['evaluable']:,} / {PAPER['replicated']:,}: "
-          f"{_pct(PAPER['rate'])}; local presence {local}")
+                    for layer, rate in ASSOC["rate_local_presence"].items())
+  return (f"{ASSOC['candidates']:,} / {ASSOC['evaluable']:,} / {ASSOC['replicated']:,}: "
+          f"{_pct(ASSOC['rate'])}; local presence {local}")
 
 
 def _routes_of(d: dict) -> int:
@@ -133,9 +123,8 @@ def _distributed_ours(d: dict) -> str:
 
 
 def _distributed_paper() -> str:
-  from experiments.analysis.distributed import PAPER
-  return (f"S_dict ρ {_span(PAPER['rho_range'])}, ID-KNN ρ {_span(PAPER['id_knn_rho_range'])}; "
-          f"AP_128 / AP_1 {_span(PAPER['ap_ratio_range'], _x2)}")
+  return (f"S_dict ρ {_span(DIST['rho_range'])}, ID-KNN ρ {_span(DIST['id_knn_rho_range'])}; "
+          f"AP_128 / AP_1 {_span(DIST['ap_ratio_range'], _x2)}")
 
 
 def _id_knn_table(k: dict) -> str:
@@ -187,6 +176,11 @@ def id_section(root: Path) -> str:
     results[name], why = read_analysis(workdir, name)
     cell = why if results[name] is None else _guarded(ours, results[name])
     lines.append(f"| {name} ({where}) | {cell} | {paper()} |")
+  steps = sorted({r["source"]["step"] for r in results.values()
+                  if isinstance(r, dict) and isinstance(r.get("source"), dict)})
+  if steps:
+    lines += ["", f"Computed from checkpoint step{'s' if len(steps) > 1 else ''} "
+              f"{', '.join(map(str, steps))} of `{run.key}`."]
   if results["id_knn"] is not None:
     perm_queries = results["id_knn"].get("perm_queries", "a subset of the")
     lines += ["", "ID-KNN per setting (mean AP per reader; ρ = (ID − nuisance) / (H_model − "
@@ -321,19 +315,19 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
   results = collect(root) if results is None else results
   pair = _insertion_analyses(root)
   (ins, *_), (scr, *_) = pair
-  finals = {label: _finals(results, r.experiment, r.name, r.seed) for r, label, *_ in pair}
-  base = _finals(results, "main", "baseline", scr.seed)
+  by_label = {label: finals(results, r.experiment, r.name, r.seed) for r, label, *_ in pair}
+  base = finals(results, "main", "baseline", scr.seed)
   lines = ["#### Insertion vs from scratch (App. B)", "",
            f"Lngram inserted at step {reproduce.step_offset(ins)} into the baseline (`{ins.key}`: "
-           f"{reproduce._steps(ins)} more steps from the backbone of `{ins.after}`) against "
-           f"Lngram from step 0 (`{scr.key}`, {reproduce._steps(scr)} steps); the same Lngram "
+           f"{reproduce.steps(ins)} more steps from the backbone of `{ins.after}`) against "
+           f"Lngram from step 0 (`{scr.key}`, {reproduce.steps(scr)} steps); the same Lngram "
            "config and seed, the same total steps (each leg of the inserted run has its own "
            "warm-up and decay). One seed each: the CIs below are over documents, not over "
            "training seeds. Final validation bits/byte: "
-           + ", ".join(f"{label} {_mean_std(v) if v else 'pending'}"
-                       for label, v in finals.items())
+           + ", ".join(f"{label} {mean_std(v) if v else 'pending'}"
+                       for label, v in by_label.items())
            + f", baseline (`main/baseline_s{scr.seed}`) "
-           f"{_mean_std(base) if base else 'pending'}.", ""]
+           f"{mean_std(base) if base else 'pending'}.", ""]
   lines += ["B.2 address stability over the last interval each run's stability analysis "
             "measured (the checkpoints `reproduce.STABILITY_STEPS` names, else the last two "
             "kept), primary protocol (the final router on each checkpoint's backbone, Lngram "
@@ -356,8 +350,6 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
     for layer, r in last[label].items():
       lines.append(f"| {layer} | {label} | {r['from']}→{r['to']} | " + " | ".join(
           _ci(r[m]) for m in ("code_agreement", "hamming", "survival_2", "survival_3")) + " |")
-  from experiments.analysis.injection import PAPER_TABLE7, PAPER_TABLE8
-  from experiments.analysis.stability import PAPER_TABLE6
   lines += ["", "Paper (Table 6, text positions, new VLM / mature Keye2B): " + "; ".join(
       f"layer {layer}: code agreement {ca[0]:.4f} / {ca[1]:.4f}, 3-gram survival "
       f"{s3[0]:.4f} / {s3[1]:.4f}" for layer, mod, ca, _, _, s3 in PAPER_TABLE6
@@ -398,13 +390,6 @@ def _count_verdict(hits: int, total: int, text: str) -> str:
 
 def analysis_claims(root: Path) -> list[tuple[str, str, str, str]]:
   """Summary rows (claim, paper, ours, verdict) of the ID analyses and the insertion pair."""
-  from experiments.analysis.associations import PAPER as ASSOC
-  from experiments.analysis.distributed import PAPER as DIST
-  from experiments.analysis.id_readers import PAPER_P, PAPER_TABLE1
-  from experiments.analysis.injection import PAPER_TABLE7, PAPER_TABLE8
-  from experiments.analysis.stability import PAPER_TABLE6
-  from experiments.analysis.utilisation import PAPER_TABLE9
-
   rows = []
   best = best_run(root)
   found: dict = {}

@@ -15,8 +15,9 @@ schedule are those of the config files, the same for every arm.
 `<run>/analysis/`, the log into `<run>/analysis/analyze.log`) on the best finished Lngram
 v2 run of `main` (lowest final validation bits/byte among the lngram_r16 / lngram_r64
 seeds: all six analyses) and on the insertion pair (`insertion/inserted_300_s0` and
-`main/lngram_r16_s0`: stability and injection), skipping runs not finished yet and
-analyses already written (`--force` redoes them; `--dry_run` only prints the commands).
+`main/lngram_r16_s0`: stability and injection) at each run's final step, skipping runs
+not finished yet and analyses already written from that step (`--force` redoes them;
+`--dry_run` only prints the commands).
 
 Experiments:
   main       baseline, Lngram v2 r16 and r64, Lngram v1, PKM, Engram, the sparse FFN
@@ -35,6 +36,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from experiments.trainer.writers import read_metrics
 
 ROOT = Path("runs/repro")
 CONFIGS = "experiments/configs"
@@ -115,19 +118,17 @@ def run_dir(run: Run, root: Path | None = None) -> Path:
   return Path(ROOT if root is None else root) / run.workdir.relative_to(ROOT)
 
 
-def final_bits_per_byte(run: Run, root: Path | None = None) -> float | None:
-  """Validation bits per byte of the run's final evaluation; None until it is written."""
-  metrics = run_dir(run, root) / "metrics.jsonl"
-  if not metrics.exists():
-    return None
-  steps = _steps(run)
-  for line in metrics.read_text().splitlines():
-    if not line.strip():
-      continue
-    row = json.loads(line)
+def final_eval(rows: list[dict], steps: int) -> float | None:
+  """Validation bits per byte of the metrics row at step `steps`, if the run got there."""
+  for row in rows:
     if row.get("step") == steps and "eval/bits_per_byte" in row:
       return float(row["eval/bits_per_byte"])
   return None
+
+
+def final_bits_per_byte(run: Run, root: Path | None = None) -> float | None:
+  """Validation bits per byte of the run's final evaluation; None until it is written."""
+  return final_eval(read_metrics(run_dir(run, root)), steps(run))
 
 
 def step_offset(run: Run, by_key: dict[str, Run] | None = None) -> int:
@@ -136,7 +137,7 @@ def step_offset(run: Run, by_key: dict[str, Run] | None = None) -> int:
   if run.after is None or not any(o.startswith("--config.init_from=") for o in run.overrides):
     return 0
   by_key = by_key or {r.key: r for r in plan()}
-  return _steps(by_key[run.after])
+  return steps(by_key[run.after])
 
 
 def finished(run: Run, root: Path | None = None) -> bool:
@@ -144,7 +145,8 @@ def finished(run: Run, root: Path | None = None) -> bool:
   return final_bits_per_byte(run, root) is not None
 
 
-def _steps(run: Run) -> int:
+def steps(run: Run) -> int:
+  """The training steps of a run: its `--config.train.steps=` override, else the configs' 600."""
   for o in run.overrides:
     if o.startswith("--config.train.steps="):
       return int(o.split("=", 1)[1])
@@ -179,12 +181,24 @@ def analysis_path(run: Run, name: str, root: Path | None = None) -> Path:
   return run_dir(run, root) / "analysis" / f"{name}.json"
 
 
+def analysis_written(run: Run, name: str, root: Path | None = None) -> bool:
+  """The analysis JSON exists and was computed from the run's final checkpoint (its
+  `source` step; a file without `source`, from before results recorded it, counts)."""
+  try:
+    result = json.loads(analysis_path(run, name, root).read_text())
+  except (OSError, ValueError):
+    return False
+  source = result.get("source") if isinstance(result, dict) else None
+  return source is None or source.get("step") == steps(run)
+
+
 def analysis_jobs(root: Path | None = None, force: bool = False):
   """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)].
 
   The best Lngram v2 run gets every analysis, each run of the insertion pair stability
   and injection (one command per run directory); a run not finished is skipped, and so
-  is an analysis whose JSON exists unless `force`."""
+  is an analysis already written from the final checkpoint (`analysis_written`) unless
+  `force`."""
   runs = plan()
   by_key = {r.key: r for r in runs}
   wanted: dict[str, tuple[list[str], list[str]]] = {}   # key -> (analyses, reasons)
@@ -207,7 +221,7 @@ def analysis_jobs(root: Path | None = None, force: bool = False):
   for key, (names, reasons) in wanted.items():
     run = by_key[key]
     todo = [n for n in ANALYSES if n in names
-            and (force or not analysis_path(run, n, root).exists())]
+            and (force or not analysis_written(run, n, root))]
     done = [n for n in ANALYSES if n in names and n not in todo]
     if done:
       skipped.append((key, f"already written: {','.join(done)} (--force redoes them)"))
@@ -218,7 +232,7 @@ def analysis_jobs(root: Path | None = None, force: bool = False):
 
 def analyze_command(run: Run, names, root: Path | None = None) -> list[str]:
   command = ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
-             f"--which={','.join(names)}"]
+             f"--which={','.join(names)}", f"--step={steps(run)}"]
   if "stability" in names and run.key in STABILITY_STEPS:
     command.append(f"--stability_steps={','.join(map(str, STABILITY_STEPS[run.key]))}")
   return command

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
+
+from experiments.results import mean_std
 
 GROUPS = ("very_short", "short", "medium", "long")
 _GROUP_TITLES = ("very short", "short", "medium", "long")
@@ -29,22 +30,16 @@ def read_accuracy(run_dir) -> dict:
   return json.loads(path.read_text())
 
 
-def _cell(values: list[float]) -> str:
-  if len(values) == 1:
-    return f"{values[0]:.3f}"
-  return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
-
-
 def accuracy_rows(arms: list[tuple[str, list[str]]], key: str) -> list[str]:
   """Markdown rows (header first) of `key` ("answer_acc" or "item_acc") per arm."""
   lines = ["| model | overall | " + " | ".join(_GROUP_TITLES) + " |",
            "| --- | --- | " + " | ".join("---" for _ in GROUPS) + " |"]
   for label, runs in arms:
     results = [read_accuracy(r) for r in runs]
-    cells = [_cell([res["overall"][key] for res in results])]
+    cells = [mean_std([res["overall"][key] for res in results], 3)]
     for group in GROUPS:
       values = [res["groups"][group][key] for res in results]
-      cells.append("n/a" if any(v is None for v in values) else _cell(values))
+      cells.append("n/a" if any(v is None for v in values) else mean_std(values, 3))
     seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
     lines.append(f"| {label}{seeds} | " + " | ".join(cells) + " |")
   return lines

@@ -12,7 +12,9 @@ deviations in §5.
 Layout: `core` (the forward, written once, over `LngramParams`), `layer`
 (the NNX shell `LngramV2`), `decode` (decode state), `sharding/` (shard_map
 forms), `addressing`, `lookup` (surrogate gradients), `readout` (the forms),
-`conv`, `norms`; `pallas` and `fused` glue the `kernels` package in.
+`conv`, `norms`; `pallas` and `fused` glue the `kernels` package in;
+`reference` holds the slow loop references of the equations that the tests
+compare every form against.
 
 Shape legend (DESIGN.md §1; one meaning per symbol):
   B batch, T time, S cache/history time, D model width d, R routes,

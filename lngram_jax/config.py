@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, Literal, get_args
 
 import jax.numpy as jnp
+
+from lngram_jax import dataclass_json
+from lngram_jax.dataclass_json import is_int as _is_int
 
 Surrogate = Literal["exact", "onebit", "ste", "none"]
 Readout = Literal["literal", "streaming", "absorbed", "pallas", "pallas_fused"]
@@ -137,6 +139,8 @@ class LngramConfig:
           f"LngramConfig: conv_dilation={self.conv_dilation} must be >= 1.")
     if self.eps <= 0:
       raise ValueError(f"LngramConfig: eps={self.eps} must be > 0.")
+    for name in ("dtype", "param_dtype"):   # refused here, not at call time inside jax
+      dataclass_json.as_float_dtype("LngramConfig", name, getattr(self, name))
 
   @property
   def codes_per_route(self) -> int:
@@ -182,26 +186,12 @@ class LngramConfig:
 
   def to_dict(self) -> dict:
     """A JSON-serialisable dict (dtypes by name): checkpoints store this."""
-    d = dataclasses.asdict(self)
-    d["orders"] = list(self.orders)
-    d["dtype"] = jnp.dtype(self.dtype).name
-    d["param_dtype"] = jnp.dtype(self.param_dtype).name
-    return d
+    return dataclass_json.to_json(self)
 
   @classmethod
   def from_dict(cls, d: dict) -> LngramConfig:
     """Inverse of `to_dict`; unknown fields are an error, not silently dropped."""
-    d = dict(d)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"LngramConfig.from_dict: unknown fields {unknown}.")
-    for key in ("dtype", "param_dtype"):
-      if key in d:
-        d[key] = jnp.dtype(d[key])
-    if "orders" in d:
-      d["orders"] = tuple(d["orders"])
-    return cls(**d)
+    return dataclass_json.from_json(cls, d, owner="LngramConfig.from_dict")
 
 
 def sink_logit(routes: int, sink_mass: float) -> float:
@@ -209,16 +199,9 @@ def sink_logit(routes: int, sink_mass: float) -> float:
   return math.log(routes * (1.0 - sink_mass) / sink_mass)
 
 
-def _is_int(value) -> bool:
-  # numbers.Integral: numpy integers too (orders from arrays), never bools.
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _finite(name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-    raise ValueError(f"LngramConfig: {name}={value!r} must be a finite number.")
+  dataclass_json.check_finite("LngramConfig", name, value)
 
 
-def _positive(name: str, value: int) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"LngramConfig: {name}={value!r} must be a positive int.")
+def _positive(name: str, value) -> None:
+  dataclass_json.check_positive_int("LngramConfig", name, value)

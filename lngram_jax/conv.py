@@ -32,6 +32,6 @@ def short_conv(x_BxTxD, kernel_WxD, *, dilation: int, segment_ids=None):
     x_back = shift_right(x_BxTxD, back)
     if segment_ids is not None and back:
       same_BxT = shift_right(segment_ids, back, fill=-1) == segment_ids
-      x_back = x_back * same_BxT[:, :, None].astype(x_back.dtype)
+      x_back = jnp.where(same_BxT[:, :, None], x_back, 0).astype(x_back.dtype)  # select
     y_BxTxD += x_back.astype(acc) * kernel_WxD[tap].astype(acc)
   return y_BxTxD.astype(x_BxTxD.dtype)

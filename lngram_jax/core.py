@@ -84,7 +84,7 @@ class LngramParams:
 class Trace(NamedTuple):
   """What the forward computed on the way, for aux outputs and decode states."""
 
-  logits_BxTxRxM: jax.Array  # router logits z (float32)
+  logits_BxTxRxM: jax.Array  # router logits z (float32, or the wider activation dtype)
   lse_BxTxHq: jax.Array      # readout log-sum-exp over {sink, routes}
   conv_in_BxTxD: jax.Array   # RMSNorm_c(ṽ), zero on padding tokens
 
@@ -93,15 +93,17 @@ class Trace(NamedTuple):
 
 
 def router_logits(p: LngramParams, config: LngramConfig, h_BxTxD):
-  """z: [B, T, R, M] in float32 (thresholds must not flip with the dtype).
+  """z: [B, T, R, M] in float32, or float64 for a float64 layer.
 
-  The router norm is affine-free: a scale before a thresholded projection is
-  absorbed by W_q (this also matches the paper's parameter counts).
+  At least float32 so that thresholds do not flip with a narrow activation dtype;
+  never below the activation dtype, so that a float64 layer stays float64. The
+  router norm is affine-free: a scale before a thresholded projection is absorbed
+  by W_q (this also matches the paper's parameter counts).
   """
   c = config
   u_BxTxD = rms_norm(h_BxTxD, eps=c.eps)
   z = jnp.einsum("btd,dz->btz", u_BxTxD, p.router_w.astype(c.dtype),
-                 preferred_element_type=jnp.float32)
+                 preferred_element_type=jnp.promote_types(c.dtype, jnp.float32))
   return z.reshape(*h_BxTxD.shape[:2], -1, c.bits)
 
 
@@ -178,12 +180,15 @@ def output(p: LngramParams, config: LngramConfig, o_BxTxHqxDh, *, valid=None, co
   B, T = o_BxTxHqxDh.shape[:2]
   v_BxTxD = o_BxTxHqxDh.reshape(B, T, -1) @ p.w_o.astype(c.dtype)
   conv_in_BxTxD = rms_norm(v_BxTxD, p.conv_norm, eps=c.eps)
+  # Masks select, never multiply: NaN·0 = NaN would carry a padding position's
+  # value into the taps of valid tokens, and a mask of 2s would scale Y.
   if valid is not None:
-    conv_in_BxTxD = conv_in_BxTxD * valid[:, :, None].astype(conv_in_BxTxD.dtype)
+    valid_BxTx1 = valid.astype(bool)[:, :, None]
+    conv_in_BxTxD = jnp.where(valid_BxTx1, conv_in_BxTxD, 0).astype(conv_in_BxTxD.dtype)
   conv_out_BxTxD = conv(conv_in_BxTxD, p.conv_kernel.astype(c.dtype), dilation=c.dilation)
   y_BxTxD = v_BxTxD + jax.nn.silu(conv_out_BxTxD)
   if valid is not None:
-    y_BxTxD = y_BxTxD * valid[:, :, None].astype(y_BxTxD.dtype)
+    y_BxTxD = jnp.where(valid_BxTx1, y_BxTxD, 0).astype(y_BxTxD.dtype)
   return y_BxTxD, conv_in_BxTxD
 
 
@@ -199,8 +204,9 @@ def forward(p: LngramParams, config: LngramConfig, h_BxTxD, *, segment_ids=None,
     p, config: the layer's arrays and its config (R = the local routes
       inside a route-parallel shard).
     h_BxTxD: the layer input; cast to `config.dtype`.
-    segment_ids, valid: packed-sequence ids and token mask [B, T]; the
-      default pieces use them, `valid` also zeroes the conv input and Y.
+    segment_ids, valid: packed-sequence ids and token mask [B, T] (bool);
+      the default pieces use them, `valid` also selects zero for h, the conv
+      input and Y at padding tokens.
     lookup, readout, conv: the pieces (module docstring); None = the plain
       layer's (`plain_lookup`, the config's readout form, `short_conv`).
     read: `read(p, config, q, logits) -> (o, lse)` replacing lookup, memory
@@ -208,6 +214,11 @@ def forward(p: LngramParams, config: LngramConfig, h_BxTxD, *, segment_ids=None,
   """
   c = config
   h_BxTxD = h_BxTxD.astype(c.dtype)
+  if valid is not None:
+    # Padding positions compute from zeros: whatever they hold (NaN, inf)
+    # reaches neither valid outputs nor, through 0·NaN, any gradient.
+    valid = valid.astype(bool)
+    h_BxTxD = jnp.where(valid[:, :, None], h_BxTxD, 0).astype(c.dtype)
   logits_BxTxRxM = router_logits(p, c, h_BxTxD)
   q_BxTxHqxDh = query(p, c, h_BxTxD)
   if read is None:

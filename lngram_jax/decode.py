@@ -14,6 +14,9 @@ Prefill is the layer's own forward; the step runs the same `core.forward`
 with two pieces of its own: a lookup over the short window (history codes +
 this token, `ngram_rows` and `gather_rows` as in the parallel path) and a conv
 over the stored inputs + this one. So decoding reproduces the parallel forward.
+The history itself (taking it at each row's length, rolling it one step) is
+`history.py`'s, shared with the Lngram v1 and Engram arms. Inputs are checked
+as the layer checks them; lengths and states as `history.py` describes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import struct
 
-from lngram_jax import core
+from lngram_jax import checks, core, history
 from lngram_jax.addressing import codes_from_logits, ngram_rows
 from lngram_jax.config import LngramConfig
 from lngram_jax.conv import short_conv
@@ -54,23 +57,16 @@ def init_decode_state(config: LngramConfig, batch: int, dtype=None) -> LngramDec
   )
 
 
-def _take_history(x_BxTx, lengths_B, size: int):
-  """x at positions lengths-size .. lengths-1 (clipped) and their in-range mask."""
-  T = x_BxTx.shape[1]
-  pos_BxH = lengths_B[:, None] - size + jnp.arange(size, dtype=jnp.int32)
-  idx_BxH = jnp.clip(pos_BxH, 0, T - 1)
-  idx = idx_BxH.reshape(idx_BxH.shape + (1,) * (x_BxTx.ndim - 2))
-  return jnp.take_along_axis(x_BxTx, idx, axis=1), pos_BxH >= 0
-
-
 def prefill_decode_state(layer, h_BxTxD, *, lengths=None, segment_ids=None, valid=None):
   """The parallel forward over a (right-padded) prompt, and the decode state.
 
   Args:
     layer: an `LngramV2`.
-    h_BxTxD: the layer's input over the prompt.
-    lengths: int [B], the real tokens per row (default T, or the count of
-      `valid`); decoding continues after position lengths-1 in its segment.
+    h_BxTxD: the layer's input over the prompt (floating, checked as the
+      layer checks it).
+    lengths: int [B] in [0, T], the real tokens per row (default T, or the
+      count of `valid`); decoding continues after position lengths-1 in its
+      segment.
     segment_ids, valid: as for the layer's forward (`valid` defaults to
       t < lengths).
 
@@ -79,34 +75,38 @@ def prefill_decode_state(layer, h_BxTxD, *, lengths=None, segment_ids=None, vali
     `LngramDecodeState` for the step at position `lengths`.
   """
   c = layer.config
+  checks.check_layer_inputs(c.d_model, h_BxTxD, segment_ids, valid)
   B, T = h_BxTxD.shape[:2]
-  t_T = jnp.arange(T, dtype=jnp.int32)
-  if lengths is None:
-    lengths = jnp.full((B,), T, jnp.int32) if valid is None else jnp.sum(valid, axis=1)
-  lengths_B = jnp.asarray(lengths, jnp.int32)
-  if valid is None:
-    valid = t_T[None, :] < lengths_B[:, None]
+  lengths_B, valid_BxT = history.prompt_lengths(B, T, lengths, valid)
   y_BxTxD, trace = core.forward(layer.param_arrays(), c, h_BxTxD, segment_ids=segment_ids,
-                                valid=valid)
+                                valid=valid_BxT)
+  codes_BxHxR, codes_ok_BxH, conv_BxSxD = history.prefill_history(
+      codes_from_logits(trace.logits_BxTxRxM), trace.conv_in_BxTxD, lengths_B, valid_BxT,
+      history=c.max_order - 1, conv_context=c.conv_context, segment_ids=segment_ids)
+  return y_BxTxD, LngramDecodeState(codes_BxHxR=codes_BxHxR, codes_ok_BxH=codes_ok_BxH,
+                                    conv_BxSxD=conv_BxSxD)
 
-  # A history slot is usable if it is a real token of the last token's segment.
-  ok_BxT = valid.astype(bool)
-  if segment_ids is not None:
-    last_seg_Bx1, _ = _take_history(segment_ids, lengths_B, 1)
-    ok_BxT = ok_BxT & (segment_ids == last_seg_Bx1)
-  H, S = c.max_order - 1, c.conv_context
-  codes_BxHxR, in_range_BxH = _take_history(
-      codes_from_logits(trace.logits_BxTxRxM), lengths_B, H)
-  ok_BxH, _ = _take_history(ok_BxT, lengths_B, H)
-  conv_BxSxD, conv_in_range_BxS = _take_history(trace.conv_in_BxTxD, lengths_B, S)
-  conv_ok_BxS, _ = _take_history(ok_BxT, lengths_B, S)
-  conv_ok_BxS = conv_ok_BxS & conv_in_range_BxS
-  state = LngramDecodeState(
-      codes_BxHxR=codes_BxHxR,
-      codes_ok_BxH=ok_BxH & in_range_BxH,
-      conv_BxSxD=conv_BxSxD * conv_ok_BxS[:, :, None].astype(conv_BxSxD.dtype),
-  )
-  return y_BxTxD, state
+
+def check_state(config: LngramConfig, state: LngramDecodeState, batch: int,
+                where: str = "lngram_decode_step") -> None:
+  """The state was built for this layer's config and this batch.
+
+  `config` may be any config with max_order, conv_context, routes and d_model
+  (the Lngram v1 arm keeps this state too); `where` starts the messages.
+  """
+  if not isinstance(state, LngramDecodeState):
+    raise TypeError(f"{where}: state must be an LngramDecodeState; got "
+                    f"{type(state).__name__}.")
+  history.check_state_batch(where, batch, state.codes_BxHxR, state.codes_ok_BxH,
+                            state.conv_BxSxD)
+  H, S, R, D = config.max_order - 1, config.conv_context, config.routes, config.d_model
+  for name, got, want in (("codes_BxHxR", state.codes_BxHxR.shape[1:], (H, R)),
+                          ("codes_ok_BxH", state.codes_ok_BxH.shape[1:], (H,)),
+                          ("conv_BxSxD", state.conv_BxSxD.shape[1:], (S, D))):
+    if tuple(got) != want:
+      raise ValueError(f"{where}: state.{name} has shape [B, {', '.join(map(str, got))}]"
+                       f" but this layer's config needs [B, {', '.join(map(str, want))}] "
+                       f"(H = max order - 1 = {H}, S = conv context = {S}, R = {R}, D = {D}).")
 
 
 def lngram_decode_step(layer, h_Bx1xD, state: LngramDecodeState):
@@ -118,30 +118,29 @@ def lngram_decode_step(layer, h_Bx1xD, state: LngramDecodeState):
   one and keeps the last output.
   """
   c = layer.config
-  B = h_Bx1xD.shape[0]
-  if h_Bx1xD.shape[1:] != (1, c.d_model):
+  checks.check_layer_inputs(c.d_model, h_Bx1xD)
+  if h_Bx1xD.shape[1] != 1:
     raise ValueError(f"h must have shape [B, 1, {c.d_model}]; got {tuple(h_Bx1xD.shape)}.")
-  window_ok_BxH1 = jnp.concatenate([state.codes_ok_BxH, jnp.ones((B, 1), bool)], axis=1)
+  check_state(c, state, h_Bx1xD.shape[0])
 
-  def window_codes(logits_Bx1xRxM):
-    return jnp.concatenate([state.codes_BxHxR, codes_from_logits(logits_Bx1xRxM)], axis=1)
+  def window(logits_Bx1xRxM):
+    return history.step_window(state.codes_BxHxR, state.codes_ok_BxH,
+                               codes_from_logits(logits_Bx1xRxM))
 
   def lookup(table_ExDm, logits_Bx1xRxM, order):
     # The window of order n is the last n slots; earlier ones are "before" it.
-    rows_BxnxR, ok_Bxn = ngram_rows(window_codes(logits_Bx1xRxM)[:, -order:], order=order,
-                                    bits=c.bits, valid=window_ok_BxH1[:, -order:])
+    window_codes, window_ok = window(logits_Bx1xRxM)   # [B, H+1, R], [B, H+1]
+    rows_BxnxR, ok_Bxn = ngram_rows(window_codes[:, -order:], order=order, bits=c.bits,
+                                    valid=window_ok[:, -order:])
     return gather_rows(table_ExDm, rows_BxnxR[:, -1:], ok_Bxn[:, -1:])
 
   def conv(conv_in_Bx1xD, kernel_WxD, *, dilation):
-    window_BxS1xD = jnp.concatenate(
-        [state.conv_BxSxD, conv_in_Bx1xD.astype(state.conv_BxSxD.dtype)], axis=1)
-    return short_conv(window_BxS1xD, kernel_WxD, dilation=dilation)[:, -1:]
+    conv_inputs = history.conv_window(state.conv_BxSxD, conv_in_Bx1xD)   # [B, S+1, D]
+    return short_conv(conv_inputs, kernel_WxD, dilation=dilation)[:, -1:]
 
   y_Bx1xD, trace = core.forward(layer.param_arrays(), c, h_Bx1xD, lookup=lookup, conv=conv)
+  window_codes, window_ok = window(trace.logits_BxTxRxM)
   new_state = LngramDecodeState(
-      codes_BxHxR=window_codes(trace.logits_BxTxRxM)[:, 1:],
-      codes_ok_BxH=window_ok_BxH1[:, 1:],
-      conv_BxSxD=jnp.concatenate(
-          [state.conv_BxSxD, trace.conv_in_BxTxD.astype(state.conv_BxSxD.dtype)], axis=1)[:, 1:],
-  )
+      codes_BxHxR=window_codes[:, 1:], codes_ok_BxH=window_ok[:, 1:],
+      conv_BxSxD=history.conv_window(state.conv_BxSxD, trace.conv_in_BxTxD)[:, 1:])
   return y_Bx1xD, new_state

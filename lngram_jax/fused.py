@@ -8,7 +8,7 @@ counterfactual surrogate, memory-norm scale, w_kv, q, b0), the unfused core
     x = concat_n ngram_lookup(E_n, logits, ...)            [B, T, R, Dr]
     o, lse = absorbed_readout(q, RMSNorm_m(x), W_K, W_V)
 
-(`fused_readout_reference`: `core.read_memory` with the plain pieces), but the
+(`unfused_readout`: `core.read_memory` with the plain pieces, all XLA), but the
 route tokens x and x̂ are never written to HBM: the generic kernel
 `kernels.sink_readout.fused_triton` gathers the table rows itself. Its
 backward writes the cotangent of each order's retrieved vector,
@@ -68,10 +68,9 @@ class FusedSpec:
                 interpret=self.run_interpreted)
 
 
-def fused_readout_reference(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams,
-                            config: LngramConfig, *, sink_logit=None, segment_ids=None,
-                            valid=None):
-  """The unfused twin, (o, lse): lookup (surrogate vjp), concat, RMSNorm, absorbed."""
+def unfused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams,
+                    config: LngramConfig, *, sink_logit=None, segment_ids=None, valid=None):
+  """The same op unfused, (o, lse): lookup (surrogate vjp), concat, RMSNorm, absorbed."""
   lookup = core.plain_lookup(config, segment_ids=segment_ids, valid=valid)
   return core.read_memory(p, config, q_BxTxHqxDh, logits_BxTxRxM, lookup=lookup,
                           readout=functools.partial(absorbed_readout, return_lse=True),
@@ -80,14 +79,14 @@ def fused_readout_reference(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams,
 
 def fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: FusedSpec, *,
                   sink_logit=None, segment_ids=None, valid=None):
-  """`fused_readout_reference` with the lookup, norm and sink attention in one kernel.
+  """`unfused_readout` with the lookup, norm and sink attention in one kernel.
 
   Args:
     q_BxTxHqxDh: queries (after RMSNorm_q and W_Q).
     logits_BxTxRxM: router logits z (codes are z > 0).
     p: the layer's arrays; the kernel reads `tables`, `mem_norm`, `w_kv`.
     spec: the config and kernel options.
-    sink_logit: b0 (a float or a traced float32 scalar); None = the config's.
+    sink_logit: b0 (a float or a traced scalar); None = the config's.
     segment_ids, valid: as in `ngram_lookup`.
 
   Returns:
@@ -162,7 +161,8 @@ def _fused_core_bwd(spec, residuals, cotangents):
       out.reshape(BT, Hq, Dr), lse.reshape(BT, Hq), dout.reshape(BT, Hq, Dr),
       dlse.reshape(BT, Hq), **spec.kernel_options())
   # From here on exactly `ngram_lookup`'s backward, per order, on g = ∂L/∂m^(n).
-  d_tables, d_logits = [], jnp.zeros(logits.shape, jnp.float32)
+  d_tables = []
+  d_logits = jnp.zeros(logits.shape, jnp.promote_types(logits.dtype, jnp.float32))
   for n, table, rows_BxTxR, valid_BxT, dx in zip(c.orders, tables, rows, valids, dxs,
                                                   strict=True):
     acc = jnp.promote_types(table.dtype, jnp.float32)

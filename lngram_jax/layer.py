@@ -14,7 +14,6 @@ from flax import nnx
 
 from lngram_jax import checks, core
 from lngram_jax.config import LngramConfig
-from lngram_jax.conv import short_conv
 
 
 def _normal(std):
@@ -63,41 +62,9 @@ class LngramV2(nnx.Module):
         w_kv=self.w_kv[...], w_o=self.w_o[...], conv_norm=self.conv_norm[...],
         conv_kernel=self.conv_kernel[...])
 
-  # --- the core's stages on this layer's arrays (decode, analyses) ------------
-
   def router_logits(self, h_BxTxD):
-    """z: [B, T, R, M] in float32 (thresholds must not flip with the dtype)."""
+    """z: [B, T, R, M], at least float32 (the analyses read the codes from it)."""
     return core.router_logits(self.param_arrays(), self.config, h_BxTxD)
-
-  def route_tokens(self, logits_BxTxRxM, *, segment_ids=None, valid=None):
-    """x = concat_n E^(n)[rows]: [B, T, R, Dr] (orders ascending)."""
-    lookup = core.plain_lookup(self.config, segment_ids=segment_ids, valid=valid)
-    return core.route_tokens(self.param_arrays(), self.config, logits_BxTxRxM, lookup=lookup)
-
-  def kv_weights(self):
-    """W_K, W_V: [Dr, Hkv, Dh] each, split from w_kv's columns."""
-    return core.kv_weights(self.param_arrays(), self.config)
-
-  def query(self, h_BxTxD):
-    """Q: [B, T, Hq, Dh]."""
-    return core.query(self.param_arrays(), self.config, h_BxTxD)
-
-  def readout(self, q_BxTxHqxDh, x_BxTxRxDr):
-    """o: [B, T, Hq, Dh] and lse: [B, T, Hq] with the configured form."""
-    return core.read_tokens(self.param_arrays(), self.config, q_BxTxHqxDh, x_BxTxRxDr,
-                            readout=core.form_readout(self.config))
-
-  def fused_readout(self, q_BxTxHqxDh, logits_BxTxRxM, *, segment_ids=None, valid=None):
-    """route_tokens + readout in one kernel: x never exists in HBM (o, lse)."""
-    from lngram_jax.fused import fused_read  # imports the kernels only when used
-    return fused_read(self.param_arrays(), self.config, q_BxTxHqxDh, logits_BxTxRxM,
-                      segment_ids=segment_ids, valid=valid)
-
-  def output(self, o_BxTxHqxDh, *, segment_ids=None, valid=None):
-    """Y = ṽ + SiLU(DWConv(RMSNorm_c(ṽ))), zero on padding tokens."""
-    conv = functools.partial(short_conv, segment_ids=segment_ids)
-    return core.output(self.param_arrays(), self.config, o_BxTxHqxDh, valid=valid,
-                       conv=conv)[0]
 
   def __call__(self, h_BxTxD, *, segment_ids=None, valid=None, return_aux=False):
     """The delta Y: [B, T, D]; with `return_aux`, also a dict of diagnostics.

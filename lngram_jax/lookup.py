@@ -17,9 +17,10 @@ are constants: they never receive table gradient. Invalid windows contribute
 nothing anywhere.
 
 Two implementations of the exact and one-bit router gradients compute the same
-maths (DESIGN.md §2.7): "gather" (below, the reference twin: one gather of
-B·T·R rows per candidate) and "blocks" (`surrogate_blocks`: one gather of all
-of a window's candidate rows, windows in chunks). The choice is
+maths (DESIGN.md §2.7): "gather" (below: one gather of B·T·R rows per
+candidate) and "blocks" (`surrogate_blocks`: one gather of all of a window's
+candidate rows, windows in chunks). The brute-force loops they are both tested
+against are `lngram_jax.reference`. The choice is
 `surrogate_impl=`, else the module default (`use_surrogate_impl`), "auto":
 whichever `experiments.bench.layer` measured faster for that surrogate.
 """
@@ -41,9 +42,9 @@ SURROGATE_IMPLS = ("auto", "gather", "blocks")
 _default_impl = ["auto"]
 # What "auto" runs: what experiments.bench.layer measured faster (BENCHMARKS.md,
 # "Surrogate backward in blocks"). fwd+bwd over `none`, same run, CPU: shape
-# cpu_r16 onebit 1.36-1.43x blocks vs 1.84-1.89x gather; exact 1.76x vs 2.05x in one run of three, even
-# within noise in the other two; gpu_width onebit 1.02x vs 1.17x, exact 1.28x
-# vs 1.62x.
+# cpu_r16 onebit 1.36-1.43x blocks vs 1.84-1.89x gather; exact 1.76x vs 2.05x in
+# one run of three, even within noise in the other two; gpu_width onebit 1.02x
+# vs 1.17x, exact 1.28x vs 1.62x.
 _AUTO_IMPL = {"onebit": "blocks", "exact": "blocks"}
 
 
@@ -91,7 +92,7 @@ def ngram_lookup(
   """Hard n-gram lookup mem[b, t, r] = E[row(b, t, r)], zero at invalid windows.
 
   Args:
-    table_ExDm: the table of this order, V = R·C^n rows.
+    table_ExDm: the table of this order, E = R·C^n rows.
     logits_BxTxRxM: router logits z; codes are taken as z > 0.
     order, bits: n and M.
     segment_ids: optional int [B, T] packed-sequence ids.
@@ -104,7 +105,7 @@ def ngram_lookup(
   Returns:
     mem_BxTxRxDm in the table's dtype.
   """
-  checks.check_rank("table", table_ExDm, 2, "[V, Dm]")
+  checks.check_rank("table", table_ExDm, 2, "[E, Dm]")
   checks.check_float("table", table_ExDm)
   checks.check_rank("logits", logits_BxTxRxM, 4, "[B, T, R, M]")
   checks.check_float("logits", logits_BxTxRxM)
@@ -128,9 +129,9 @@ def ngram_lookup(
 
 
 def gather_rows(table_ExDm, rows_BxTxR, valid_BxT):
-  """E[rows] with invalid windows zeroed."""
+  """E[rows] with invalid windows zeroed (selected, never multiplied: DESIGN.md §2.6)."""
   mem_BxTxRxDm = jnp.take(table_ExDm, rows_BxTxR, axis=0, mode="clip")
-  return mem_BxTxRxDm * valid_BxT[:, :, None, None].astype(table_ExDm.dtype)
+  return jnp.where(valid_BxT[:, :, None, None], mem_BxTxRxDm, 0).astype(table_ExDm.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
@@ -150,7 +151,7 @@ def _lookup_fwd(order, bits, surrogate, tau, scale, impl, table, logits, codes, 
 
 def _hard_from_forward(surrogate: str, impl: str) -> bool:
   """ste, and one-bit in blocks: the backward's hard-row scores come from the forward's
-  rows (the "gather" one-bit reference reads them from the table itself)."""
+  rows (the "gather" one-bit form reads them from the table itself)."""
   return surrogate == "ste" or (surrogate == "onebit"
                                 and resolve_surrogate_impl(impl, surrogate) == "blocks")
 
@@ -196,7 +197,7 @@ def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
   `g_BxTxRxDm` must already be zero at invalid windows. `impl` as
   `ngram_lookup`'s `surrogate_impl`; "gather" is the code below. `hard_BxTxR`:
   ⟨g, E[rows]⟩ if the caller has it (ste and one-bit in blocks use it; the
-  one-bit "gather" reference always reads the hard rows itself).
+  one-bit "gather" form always reads the hard rows itself).
   """
   acc = g_BxTxRxDm.dtype
   z_BxTxRxM = logits_BxTxRxM.astype(acc)

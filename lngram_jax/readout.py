@@ -6,7 +6,8 @@ For query head a (KV head κ(a) = a // G) at one position:
     o_a = Σ_r α_r V_{r,κ(a)}.
 
 The sink has the fixed logit b0 and a zero value, so 1 - Σ_r α_r is the mass the
-head puts on "read nothing". Softmax statistics are in float32 (or wider).
+head puts on "read nothing". Softmax statistics are in float32, or in the input
+dtype when it is wider (a float64 readout stays float64).
 Without a sink (`LngramConfig(sink=False)`) b0 = -inf: exp(b0) = 0, so every
 form below, the kernels included, is the plain softmax over the routes with no
 special case (each online softmax starts at max = -inf, sum = 1, and the
@@ -18,7 +19,8 @@ Forms, all given (q, x̂, W_K, W_V) with K = x̂W_K, V = x̂W_V:
              rematerialised in the backward: O(chunk) memory instead of O(R);
   absorbed   s = (W_K^κ Q_a)·x̂_r/√dh and o_a = (Σ_r α_r x̂_r)W_V^κ: a multi-query
              attention of Hq queries of width Dr over R keys = values = x̂, whose
-             core is the kernels' XLA reference (one definition of that maths);
+             core is the kernels' XLA twin `sink_readout_reference` (one
+             definition of that maths);
   pallas     the absorbed form with the Pallas kernel as its core (`pallas.py`).
 """
 
@@ -39,10 +41,10 @@ def _stat_dtype(dtype):
 
 def sink_readout(q_BxTxHqxDh, k_BxTxRxHkvxDh, v_BxTxRxHkvxDh, *, sink_logit,
                  return_lse: bool = False):
-  """The literal reference readout over explicit keys and values.
+  """The sink readout over explicit keys and values (the core of the literal form).
 
-  Returns o_BxTxHqxDh (q's dtype) and, with `return_lse`, the float32
-  log-sum-exp over {sink, routes}: lse_BxTxHq (route mass = 1 - exp(b0 - lse)).
+  Returns o_BxTxHqxDh (q's dtype) and, with `return_lse`, the log-sum-exp over
+  {sink, routes} in float32 or wider: lse_BxTxHq (route mass = 1 - exp(b0 - lse)).
   """
   checks.check_rank("q", q_BxTxHqxDh, 4, "[B, T, Hq, dh]")
   checks.check_rank("k", k_BxTxRxHkvxDh, 5, "[B, T, R, Hkv, dh]")
@@ -88,8 +90,8 @@ def _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHk
   checks.check_rank("w_k", w_k_DrxHkvxDh, 3, "[Dr, Hkv, dh]")
   if w_k_DrxHkvxDh.shape != w_v_DrxHkvxDh.shape:
     raise ValueError(f"w_k {w_k_DrxHkvxDh.shape} and w_v {w_v_DrxHkvxDh.shape} differ.")
-  D, Hkv, Dh = w_k_DrxHkvxDh.shape
-  if mem_BxTxRxDr.shape[-1] != D or q_BxTxHqxDh.shape[-1] != Dh:
+  Dr, Hkv, Dh = w_k_DrxHkvxDh.shape
+  if mem_BxTxRxDr.shape[-1] != Dr or q_BxTxHqxDh.shape[-1] != Dh:
     raise ValueError(
         f"mem {mem_BxTxRxDr.shape} / q {q_BxTxHqxDh.shape} do not fit w_k {w_k_DrxHkvxDh.shape}.")
   if q_BxTxHqxDh.shape[2] % Hkv:
@@ -113,7 +115,8 @@ def streaming_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *
   The running state starts at (max = b0, sum = 1, acc = 0): the sink counted
   once. Each chunk projects its own K, V and is rematerialised in the backward,
   so at most `chunk` routes of K, V are alive at once. A ragged last chunk is
-  padded with routes whose scores are -inf.
+  padded with routes whose scores are -inf. Shapes: `chunks` the number of
+  chunks, Rc the routes of one chunk.
   """
   _check_projection_inputs(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
   B, T, Hq, Dh = q_BxTxHqxDh.shape
@@ -124,27 +127,27 @@ def streaming_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *
   chunk = max(1, min(chunk, R))
   n_chunks = -(-R // chunk)
   pad = n_chunks * chunk - R
-  mem_CxBxTxCrxDr = jnp.pad(mem_BxTxRxDr, ((0, 0), (0, 0), (0, pad), (0, 0)))
-  mem_CxBxTxCrxDr = jnp.moveaxis(mem_CxBxTxCrxDr.reshape(B, T, n_chunks, chunk, Dr), 2, 0)
-  real_CxCr = (jnp.arange(n_chunks * chunk) < R).reshape(n_chunks, chunk)
+  padded_BxTxRxDr = jnp.pad(mem_BxTxRxDr, ((0, 0), (0, 0), (0, pad), (0, 0)))  # R + pad routes
+  mem_chunksxBxTxRcxDr = jnp.moveaxis(padded_BxTxRxDr.reshape(B, T, n_chunks, chunk, Dr), 2, 0)
+  real_chunksxRc = (jnp.arange(n_chunks * chunk) < R).reshape(n_chunks, chunk)
   q_BxTxHkvxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
   neg_inf = jnp.finfo(acc).min
 
   @jax.checkpoint
   def chunk_step(state, inputs):
     m_run, l_run, o_run = state
-    mem_BxTxCrxDr, real_Cr = inputs
-    k_BxTxCrxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxDr, w_k_DrxHkvxDh)
-    v_BxTxCrxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxCrxDr, w_v_DrxHkvxDh)
-    s = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxHkvxGxDh, k_BxTxCrxHkvxDh,
+    mem_BxTxRcxDr, real_Rc = inputs
+    k_BxTxRcxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRcxDr, w_k_DrxHkvxDh)
+    v_BxTxRcxHkvxDh = jnp.einsum("btrd,dkh->btrkh", mem_BxTxRcxDr, w_v_DrxHkvxDh)
+    s = jnp.einsum("btkgd,btrkd->btkgr", q_BxTxHkvxGxDh, k_BxTxRcxHkvxDh,
                    preferred_element_type=acc) / math.sqrt(Dh)
-    s = jnp.where(real_Cr, s, neg_inf)
+    s = jnp.where(real_Rc, s, neg_inf)
     m_new = jnp.maximum(m_run, jnp.max(s, axis=-1))
     correction = jnp.exp(m_run - m_new)
     e = jnp.exp(s - m_new[..., None])
     l_new = l_run * correction + jnp.sum(e, axis=-1)
     o_new = o_run * correction[..., None] + jnp.einsum(
-        "btkgr,btrkd->btkgd", e, v_BxTxCrxHkvxDh.astype(acc), preferred_element_type=acc)
+        "btkgr,btrkd->btkgd", e, v_BxTxRcxHkvxDh.astype(acc), preferred_element_type=acc)
     return (m_new, l_new, o_new), None
 
   # Built from q (`*_like`) so that inside shard_map the carry has q's
@@ -152,7 +155,7 @@ def streaming_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *
   o0 = jnp.zeros_like(q_BxTxHkvxGxDh, dtype=acc)
   m0 = jnp.full_like(o0[..., 0], sink_logit)
   l0 = jnp.ones_like(o0[..., 0])
-  (m, total, o), _ = jax.lax.scan(chunk_step, (m0, l0, o0), (mem_CxBxTxCrxDr, real_CxCr))
+  (m, total, o), _ = jax.lax.scan(chunk_step, (m0, l0, o0), (mem_chunksxBxTxRcxDr, real_chunksxRc))
   o_BxTxHqxDh = (o / total[..., None]).reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
   if return_lse:
     return o_BxTxHqxDh, (m + jnp.log(total)).reshape(B, T, Hq)
@@ -163,10 +166,10 @@ def mqa_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, sink_logit, scale, core=Non
   """Multi-query sink attention with keys = values = mem (the absorbed core).
 
   u_a = Σ_r α_r mem_r with α over {sink, routes} and scores scale·q_a·mem_r.
-  The maths is the kernels' XLA reference (`kernels.sink_readout.
+  The maths is the kernels' XLA twin (`kernels.sink_readout.
   sink_readout_reference`) on BT = B·T flattened tokens; `core` swaps in another op with
   that [BT, ...] contract (the Pallas kernel, `lngram_jax.pallas`).
-  Returns u_BxTxHqxDr (q's dtype) and lse_BxTxHq (float32).
+  Returns u_BxTxHqxDr (q's dtype) and lse_BxTxHq (float32, float64 for float64 q).
   """
   core = sink_readout_reference if core is None else core
   B, T, Hq, Dr = q_BxTxHqxDr.shape

@@ -1,6 +1,6 @@
 """Surrogate router gradients that read each window's candidate rows as one block.
 
-The same maths as `lookup.surrogate_logit_grad` (its reference twin, DESIGN.md
+The same maths as `lookup.surrogate_logit_grad` (its gather twin, DESIGN.md
 §2.7), arranged for memory access. The C = 2^M candidates of slot u of an
 order-n window differ only in that slot's digit, which weighs C^u (§2.2): they
 are the rows base_u + c·C^u, contiguous for the oldest slot. Instead of one
@@ -12,12 +12,15 @@ each window reads all the rows it needs, over all its slots, in one gather:
 
 and contracts them with its cotangent g at once (`block_scores`). Windows go in
 chunks (`lax.map`) sized so the gathered rows stay in cache until the dot reads
-them: on CPU the cost is the memory traffic of the gathered rows, and a
-[B, T, R, K, Dm] block written and read back is what made the first, unchunked
-version of this module slower than the reference. The surrogate maths then runs
-on all windows' scores [W, K] together. The slot digits come from the row
-itself, so an invalid window (its route's first row, g = 0) reads inside the
-table and adds exactly zero.
+them: on CPU the cost is the memory traffic of the gathered rows, and writing a
+[B, T, R, rows per window, Dm] block and reading it back costs more than the
+gather form saves. The surrogate maths then runs on all windows' scores
+together. The slot digits come from the row itself, so an invalid window (its
+route's first row, g = 0) reads inside the table and adds exactly zero.
+
+Shapes (DESIGN.md §1): BTR the windows flattened over (b, t, r); n the slots of
+an order-n window; `cand` the candidate rows one window reads (n·C or 1 + n·M);
+`chunk` the windows of one chunk.
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ def chunk_windows(windows: int, rows_per_window: int, row_bytes: int,
   """Windows per chunk: a power of two whose candidate rows fit `budget` bytes."""
   if budget is None:
     budget = _CHUNK_BYTES.get(jax.default_backend(), _CHUNK_BYTES_DEFAULT)
-  n = max(1, budget // max(1, rows_per_window * row_bytes))
-  n = 1 << (n.bit_length() - 1)
-  return min(n, 1 << max(0, (windows - 1).bit_length()))
+  count = max(1, budget // max(1, rows_per_window * row_bytes))
+  count = 1 << (count.bit_length() - 1)
+  return min(count, 1 << max(0, (windows - 1).bit_length()))
 
 
 def _code_bits(bits: int, dtype):
@@ -52,96 +55,96 @@ def _code_bits(bits: int, dtype):
   return ((codes_C[:, None] >> jnp.arange(bits, dtype=jnp.int32)) & 1).astype(dtype)
 
 
-def _slot_digits(rows_N, U: int, bits: int):
-  """Slot u's digit of each row, and its weight C^u: [N, U], [U]."""
+def _slot_digits(rows_BTR, n: int, bits: int):
+  """Slot u's digit of each row, and its weight C^u: [BTR, n], [n]."""
   C = 2**bits
-  stride_U = C ** jnp.arange(U, dtype=jnp.int32)
-  return (rows_N[:, None] // stride_U) % C, stride_U
+  stride_n = C ** jnp.arange(n, dtype=jnp.int32)
+  return (rows_BTR[:, None] // stride_n) % C, stride_n
 
 
-def _exact_rows(rows_N, U: int, bits: int):
-  """The C candidates of every slot: [N, U·C] rows, slot-major (base_u + c·C^u)."""
+def _exact_rows(rows_BTR, n: int, bits: int):
+  """The C candidates of every slot: [BTR, n·C] rows, slot-major (base_u + c·C^u)."""
   C = 2**bits
-  digit_NxU, stride_U = _slot_digits(rows_N, U, bits)
-  base_NxU = rows_N[:, None] - digit_NxU * stride_U
-  cand_NxUxC = base_NxU[..., None] + jnp.arange(C, dtype=jnp.int32) * stride_U[:, None]
-  return cand_NxUxC.reshape(-1, U * C)
+  digit_BTRxn, stride_n = _slot_digits(rows_BTR, n, bits)
+  base_BTRxn = rows_BTR[:, None] - digit_BTRxn * stride_n
+  cand_BTRxnxC = base_BTRxn[..., None] + jnp.arange(C, dtype=jnp.int32) * stride_n[:, None]
+  return cand_BTRxnxC.reshape(-1, n * C)
 
 
-def _onebit_rows(rows_N, U: int, bits: int, *, with_hard: bool = True):
-  """The hard row (unless `with_hard` is False), then the U·M rows with one bit
-  flipped: [N, 1 + U·M] (or [N, U·M]).
+def _onebit_rows(rows_BTR, n: int, bits: int, *, with_hard: bool = True):
+  """The hard row (unless `with_hard` is False), then the n·M rows with one bit
+  flipped: [BTR, 1 + n·M] (or [BTR, n·M]).
 
   Flipping bit j of slot u moves the row by (1 - 2b_j)·2^j·C^u.
   """
-  digit_NxU, stride_U = _slot_digits(rows_N, U, bits)
-  sign_NxUxM = 1 - 2 * _hard_bits(digit_NxU, bits)  # +1 if the hard bit is 0
-  step_UxM = stride_U[:, None] * (2 ** jnp.arange(bits, dtype=jnp.int32))
-  flipped_NxUM = (rows_N[:, None, None] + sign_NxUxM * step_UxM).reshape(-1, U * bits)
+  digit_BTRxn, stride_n = _slot_digits(rows_BTR, n, bits)
+  sign_BTRxnxM = 1 - 2 * _hard_bits(digit_BTRxn, bits)  # +1 if the hard bit is 0
+  step_nxM = stride_n[:, None] * (2 ** jnp.arange(bits, dtype=jnp.int32))
+  flipped_BTRxnM = (rows_BTR[:, None, None] + sign_BTRxnxM * step_nxM).reshape(-1, n * bits)
   if not with_hard:
-    return flipped_NxUM
-  return jnp.concatenate([rows_N[:, None], flipped_NxUM], axis=1)
+    return flipped_BTRxnM
+  return jnp.concatenate([rows_BTR[:, None], flipped_BTRxnM], axis=1)
 
 
-def _hard_bits(digit_NxU, bits: int):
-  return (digit_NxU[..., None] >> jnp.arange(bits, dtype=jnp.int32)) & 1
+def _hard_bits(digit_BTRxn, bits: int):
+  return (digit_BTRxn[..., None] >> jnp.arange(bits, dtype=jnp.int32)) & 1
 
 
-def _exact_from_scores(scores_NxUxC, z_NxUxM, tau):
-  """λ-free exact surrogate of every slot: τ Σ_c P(c|z_u)(β(c) - p_u)s_c, [N, U, M]."""
-  M = z_NxUxM.shape[-1]
-  beta_CxM = _code_bits(M, z_NxUxM.dtype)
-  p_NxUxM = jax.nn.sigmoid(tau * z_NxUxM)
-  q_NxUxM = jax.nn.sigmoid(-tau * z_NxUxM)   # 1 - p without its cancellation
+def _exact_from_scores(scores_BTRxnxC, z_BTRxnxM, tau):
+  """λ-free exact surrogate of every slot: τ Σ_c P(c|z_u)(β(c) - p_u)s_c, [BTR, n, M]."""
+  M = z_BTRxnxM.shape[-1]
+  beta_CxM = _code_bits(M, z_BTRxnxM.dtype)
+  p_BTRxnxM = jax.nn.sigmoid(tau * z_BTRxnxM)
+  q_BTRxnxM = jax.nn.sigmoid(-tau * z_BTRxnxM)   # 1 - p without its cancellation
   # P(c|z) = Π_j (β_j(c) ? p_j : q_j) for all c at once: bit by bit, the codes seen so
   # far split into bit j = 0 (× q_j) and 1 (× p_j), so code c = Σ_j β_j(c)·2^j lands at
   # index c. Products, not exp(Σ log): 5x less work at the same values.
-  prob = jnp.ones(z_NxUxM.shape[:-1] + (1,), z_NxUxM.dtype)
+  prob = jnp.ones(z_BTRxnxM.shape[:-1] + (1,), z_BTRxnxM.dtype)
   for j in range(M):
-    prob = jnp.stack([prob * q_NxUxM[..., j:j + 1], prob * p_NxUxM[..., j:j + 1]],
-                     axis=-2).reshape(*z_NxUxM.shape[:-1], -1)
-  ps_NxUxC = prob * scores_NxUxC
-  weighted_NxUxM = jnp.einsum("nuc,cm->num", ps_NxUxC, beta_CxM)
-  total_NxU = jnp.sum(ps_NxUxC, axis=-1)
+    prob = jnp.stack([prob * q_BTRxnxM[..., j:j + 1], prob * p_BTRxnxM[..., j:j + 1]],
+                     axis=-2).reshape(*z_BTRxnxM.shape[:-1], -1)
+  ps_BTRxnxC = prob * scores_BTRxnxC
+  weighted_BTRxnxM = jnp.einsum("iuc,cm->ium", ps_BTRxnxC, beta_CxM)
+  total_BTRxn = jnp.sum(ps_BTRxnxC, axis=-1)
   # Σ_c P_c(β_c - p)s_c = Σ_c P_c β_c s_c - p Σ_c P_c s_c
-  return tau * (weighted_NxUxM - p_NxUxM * total_NxU[..., None])
+  return tau * (weighted_BTRxnxM - p_BTRxnxM * total_BTRxn[..., None])
 
 
-def _onebit_from_scores(scores_NxK, rows_N, z_NxUxM, *, bits, tau):
-  """λ-free one-bit surrogate of every slot: τ p(1-p)·s_j, [N, U, M].
+def _onebit_from_scores(scores_BTRxcand, rows_BTR, z_BTRxnxM, *, bits, tau):
+  """λ-free one-bit surrogate of every slot: τ p(1-p)·s_j, [BTR, n, M].
 
   s_j = (1 - 2b_j)(⟨g, E_flip⟩ - ⟨g, E_hard⟩) (App. A.3), from `_onebit_rows`' scores.
   """
-  U, M = z_NxUxM.shape[1:]
-  digit_NxU, _ = _slot_digits(rows_N, U, bits)
-  sign_NxUxM = (1 - 2 * _hard_bits(digit_NxU, bits)).astype(scores_NxK.dtype)
-  hard_N, flip_NxUxM = scores_NxK[:, 0], scores_NxK[:, 1:].reshape(-1, U, M)
-  s_NxUxM = sign_NxUxM * (flip_NxUxM - hard_N[:, None, None])
-  p_NxUxM = jax.nn.sigmoid(tau * z_NxUxM)
-  return tau * p_NxUxM * (1 - p_NxUxM) * s_NxUxM
+  n, M = z_BTRxnxM.shape[1:]
+  digit_BTRxn, _ = _slot_digits(rows_BTR, n, bits)
+  sign_BTRxnxM = (1 - 2 * _hard_bits(digit_BTRxn, bits)).astype(scores_BTRxcand.dtype)
+  hard_BTR, flip_BTRxnxM = scores_BTRxcand[:, 0], scores_BTRxcand[:, 1:].reshape(-1, n, M)
+  s_BTRxnxM = sign_BTRxnxM * (flip_BTRxnxM - hard_BTR[:, None, None])
+  p_BTRxnxM = jax.nn.sigmoid(tau * z_BTRxnxM)
+  return tau * p_BTRxnxM * (1 - p_BTRxnxM) * s_BTRxnxM
 
 
-def block_scores(table_ExDm, read_WxK, g_WxDm, chunk: int):
-  """⟨g_w, E[read_wk]⟩: [W, K] in g's dtype, W a multiple of `chunk`.
+def block_scores(table_ExDm, read_BTRxcand, g_BTRxDm, chunk: int):
+  """⟨g_i, E[read_ik]⟩: [BTR, cand] in g's dtype, BTR a multiple of `chunk`.
 
-  Chunks of windows run one after another (`lax.map`); each reads all K rows of
+  Chunks of windows run one after another (`lax.map`); each reads all `cand` rows of
   its windows in one gather and contracts them with g while they are in cache.
   """
-  W, K = read_WxK.shape
-  Dm = g_WxDm.shape[-1]
+  windows, cand = read_BTRxcand.shape
+  Dm = g_BTRxDm.shape[-1]
 
   def one(args):
-    read_NxK, g_NxDm = args
-    rows_NxKxDm = jnp.take(table_ExDm, read_NxK, axis=0, mode="clip")
-    return jnp.einsum("nkd,nd->nk", rows_NxKxDm.astype(g_NxDm.dtype), g_NxDm)
+    read_chunkxcand, g_chunkxDm = args
+    rows_chunkxcandxDm = jnp.take(table_ExDm, read_chunkxcand, axis=0, mode="clip")
+    return jnp.einsum("ikd,id->ik", rows_chunkxcandxDm.astype(g_chunkxDm.dtype), g_chunkxDm)
 
-  xs = (read_WxK.reshape(-1, chunk, K), g_WxDm.reshape(-1, chunk, Dm))
-  return jax.lax.map(one, xs).reshape(W, K)
+  xs = (read_BTRxcand.reshape(-1, chunk, cand), g_BTRxDm.reshape(-1, chunk, Dm))
+  return jax.lax.map(one, xs).reshape(windows, cand)
 
 
-def slot_block_scores(table_ExDm, rows_W, g_WxDm, *, slot: int, bits: int, chunk: int):
-  """⟨g_w, E[base_u + c·C^u]⟩ for the C candidates c of slot u: [W, C], W a multiple of
-  `chunk`.
+def slot_block_scores(table_ExDm, rows_BTR, g_BTRxDm, *, slot: int, bits: int, chunk: int):
+  """⟨g_i, E[base_u + c·C^u]⟩ for the C candidates c of slot u: [BTR, C], BTR a multiple
+  of `chunk`.
 
   The table seen as [E / C^(u+1), C, C^u, Dm] holds slot u's candidates of a row at
   [row // C^(u+1), :, row % C^u]: one gather index per window fetches all C rows (a
@@ -156,14 +159,15 @@ def slot_block_scores(table_ExDm, rows_W, g_WxDm, *, slot: int, bits: int, chunk
                                         start_index_map=(0, 1, 2, 3))
 
   def one(args):
-    rows_N, g_NxDm = args
-    zero_N = jnp.zeros_like(rows_N)
-    start_Nx4 = jnp.stack([rows_N // (C * inner), zero_N, rows_N % inner, zero_N], axis=-1)
-    cand_NxCxDm = jax.lax.gather(table_4d, start_Nx4, dims, slice_sizes=(1, C, 1, Dm),
-                                 mode="clip")
-    return jnp.einsum("ncd,nd->nc", cand_NxCxDm.astype(g_NxDm.dtype), g_NxDm)
+    rows_chunk, g_chunkxDm = args
+    zero_chunk = jnp.zeros_like(rows_chunk)
+    start_chunkx4 = jnp.stack([rows_chunk // (C * inner), zero_chunk, rows_chunk % inner,
+                               zero_chunk], axis=-1)
+    cand_chunkxCxDm = jax.lax.gather(table_4d, start_chunkx4, dims,
+                                     slice_sizes=(1, C, 1, Dm), mode="clip")
+    return jnp.einsum("icd,id->ic", cand_chunkxCxDm.astype(g_chunkxDm.dtype), g_chunkxDm)
 
-  xs = (rows_W.reshape(-1, chunk), g_WxDm.reshape(-1, chunk, Dm))
+  xs = (rows_BTR.reshape(-1, chunk), g_BTRxDm.reshape(-1, chunk, Dm))
   return jax.lax.map(one, xs).reshape(-1, C)
 
 
@@ -178,7 +182,7 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
   runs on all windows' scores at once. `g_BxTxRxDm` must already be zero at
   invalid windows. `hard_scores_BxTxR`: ⟨g, E[hard row]⟩ if the caller has it
   (the lookup's backward takes it from the forward's retrieved rows), so that
-  the one-bit surrogate reads only the U·M flipped rows.
+  the one-bit surrogate reads only the n·M flipped rows.
   """
   if surrogate not in ("exact", "onebit"):
     raise ValueError(f"surrogate_logit_grad_blocks: surrogate={surrogate!r} has no block form.")
@@ -186,40 +190,43 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
   z_BxTxRxM = logits_BxTxRxM.astype(acc)
   B, T, R, M = z_BxTxRxM.shape
   Dm = table_ExDm.shape[1]
-  U = order
+  n = order
   windows = B * T * R
-  rows_W = rows_BxTxR.reshape(-1)
+  rows_BTR = rows_BxTxR.reshape(-1)
   row_bytes = Dm * jnp.dtype(acc).itemsize
   if surrogate == "exact":   # slot by slot, C rows per gather index
-    n = chunk_windows(windows, 2**bits, row_bytes, chunk_bytes)
-    pad = -windows % n
-    rows_pad, g_pad = jnp.pad(rows_W, (0, pad)), jnp.pad(g_BxTxRxDm.reshape(-1, Dm),
-                                                          ((0, pad), (0, 0)))
-    scores_WxK = jnp.concatenate(
-        [slot_block_scores(table_ExDm, rows_pad, g_pad, slot=u, bits=bits, chunk=n)
-         for u in range(U)], axis=1)[:windows]
+    chunk = chunk_windows(windows, 2**bits, row_bytes, chunk_bytes)
+    pad = -windows % chunk
+    rows_pad, g_pad = jnp.pad(rows_BTR, (0, pad)), jnp.pad(g_BxTxRxDm.reshape(-1, Dm),
+                                                            ((0, pad), (0, 0)))
+    scores_BTRxcand = jnp.concatenate(
+        [slot_block_scores(table_ExDm, rows_pad, g_pad, slot=u, bits=bits, chunk=chunk)
+         for u in range(n)], axis=1)[:windows]
   else:
     given = hard_scores_BxTxR is not None
-    read_WxK = _onebit_rows(rows_W, U, bits, with_hard=not given)
-    n = chunk_windows(windows, read_WxK.shape[1], row_bytes, chunk_bytes)
-    pad = -windows % n
+    read_BTRxcand = _onebit_rows(rows_BTR, n, bits, with_hard=not given)
+    chunk = chunk_windows(windows, read_BTRxcand.shape[1], row_bytes, chunk_bytes)
+    pad = -windows % chunk
     # Padding windows read row 0 against g = 0 and are dropped.
-    scores_WxK = block_scores(
-        table_ExDm, jnp.pad(read_WxK, ((0, pad), (0, 0))),
-        jnp.pad(g_BxTxRxDm.reshape(-1, Dm), ((0, pad), (0, 0))), n)[:windows]
+    scores_BTRxcand = block_scores(
+        table_ExDm, jnp.pad(read_BTRxcand, ((0, pad), (0, 0))),
+        jnp.pad(g_BxTxRxDm.reshape(-1, Dm), ((0, pad), (0, 0))), chunk)[:windows]
     if given:
-      scores_WxK = jnp.concatenate(
-          [hard_scores_BxTxR.reshape(-1, 1).astype(scores_WxK.dtype), scores_WxK], axis=1)
-  # Slot u of the window ending at t holds the symbol at t - (U-1-u).
-  z_at_WxUxM = jnp.stack([shift_right(z_BxTxRxM, U - 1 - u) for u in range(U)],
-                         axis=3).reshape(-1, U, M)
+      scores_BTRxcand = jnp.concatenate(
+          [hard_scores_BxTxR.reshape(-1, 1).astype(scores_BTRxcand.dtype), scores_BTRxcand],
+          axis=1)
+  # Slot u of the window ending at t holds the symbol at t - (n-1-u).
+  z_at_BTRxnxM = jnp.stack([shift_right(z_BxTxRxM, n - 1 - u) for u in range(n)],
+                           axis=3).reshape(-1, n, M)
   if surrogate == "exact":
-    contrib_WxUxM = _exact_from_scores(scores_WxK.reshape(-1, U, 2**bits), z_at_WxUxM, tau)
+    contrib_BTRxnxM = _exact_from_scores(scores_BTRxcand.reshape(-1, n, 2**bits),
+                                         z_at_BTRxnxM, tau)
   else:
-    contrib_WxUxM = _onebit_from_scores(scores_WxK, rows_W, z_at_WxUxM, bits=bits, tau=tau)
-  contrib_BxTxRxUxM = contrib_WxUxM.reshape(B, T, R, U, M)
+    contrib_BTRxnxM = _onebit_from_scores(scores_BTRxcand, rows_BTR, z_at_BTRxnxM,
+                                          bits=bits, tau=tau)
+  contrib_BxTxRxnxM = contrib_BTRxnxM.reshape(B, T, R, n, M)
   d_z = jnp.zeros_like(z_BxTxRxM)
-  for u in range(U):
-    # The window ending at t wrote slot u's gradient for position t - (U-1-u).
-    d_z += shift_left(contrib_BxTxRxUxM[:, :, :, u], U - 1 - u)
+  for u in range(n):
+    # The window ending at t wrote slot u's gradient for position t - (n-1-u).
+    d_z += shift_left(contrib_BxTxRxnxM[:, :, :, u], n - 1 - u)
   return scale * d_z

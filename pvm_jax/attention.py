@@ -2,13 +2,14 @@
 
 For query head a (KV head κ(a) = a // G) at text position t:
 
-    s_k = q_{t,a}·k_{k,κ(a)}/√dh + bias_k,   bias_k = 0 (valid) or finfo.min (padding),
-    β_k = exp(s_k) / Σ_{k'∈V} exp(s_k'),      o_{t,a} = Σ_k β_k v_{k,κ(a)}.
+    s_i = q_{t,a}·k_{i,κ(a)}/√Dh + bias_i,   bias_i = 0 (valid) or finfo.min (padding),
+    β_i = exp(s_i) / Σ_{i'∈V} exp(s_i'),      o_{t,a} = Σ_i β_i v_{i,κ(a)}.
 
 The partition function runs over the visual set V of one image, never over
 the text history, so β depends on (q_t, V) alone: the length of the preceding
 text does not appear (Theorem 4.1). A row whose image has no valid token
-returns 0 (not NaN) and passes finite gradients. Statistics are float32.
+returns 0 (not NaN) and passes finite gradients. Statistics are float32, or
+the input dtype when it is wider.
 
 `visual_attention` is the grouped einsum form; `visual_attention_reference`
 repeats the KV heads and loops over query heads with a plain masked softmax:
@@ -56,8 +57,8 @@ def visual_attention(q_BxTxHqxDh, k_BxNvxHkvxDh, v_BxNvxHkvxDh, visual_valid_BxN
                      *, return_probs: bool = False):
   """Grouped-query cross-attention over the visual tokens of each example.
 
-  Returns o_BxTxHqxDh in q's dtype and, with `return_probs`, the float32
-  probabilities p_BxTxHqxNv (rows of an image with no valid token are 0).
+  Returns o_BxTxHqxDh in q's dtype and, with `return_probs`, the probabilities
+  p_BxTxHqxNv, float32 or wider (rows of an image with no valid token are 0).
   """
   _check(q_BxTxHqxDh, k_BxNvxHkvxDh, v_BxNvxHkvxDh, visual_valid_BxNv)
   B, T, Hq, Dh = q_BxTxHqxDh.shape
@@ -67,29 +68,31 @@ def visual_attention(q_BxTxHqxDh, k_BxNvxHkvxDh, v_BxNvxHkvxDh, visual_valid_BxN
   if visual_valid_BxNv is None:
     visual_valid_BxNv = jnp.ones((B, Nv), bool)
   visual_valid_BxNv = visual_valid_BxNv.astype(bool)
-  q_BxTxKxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
-  s_BxKxGxTxNv = jnp.einsum("btkgd,bnkd->bkgtn", q_BxTxKxGxDh, k_BxNvxHkvxDh,
+  q_BxTxHkvxGxDh = q_BxTxHqxDh.reshape(B, T, Hkv, G, Dh)
+  s_BxHkvxGxTxNv = jnp.einsum("btkgd,bnkd->bkgtn", q_BxTxHkvxGxDh, k_BxNvxHkvxDh,
                             preferred_element_type=acc) / math.sqrt(Dh)
-  s_BxKxGxTxNv = s_BxKxGxTxNv + padding_bias(visual_valid_BxNv, acc)[:, None, None, None, :]
-  p_BxKxGxTxNv = _masked_softmax(s_BxKxGxTxNv, visual_valid_BxNv[:, None, None, None, :])
-  o_BxTxKxGxDh = jnp.einsum("bkgtn,bnkd->btkgd", p_BxKxGxTxNv, v_BxNvxHkvxDh.astype(acc),
+  bias_Bx1x1x1xNv = padding_bias(visual_valid_BxNv, acc)[:, None, None, None, :]
+  s_BxHkvxGxTxNv = s_BxHkvxGxTxNv + bias_Bx1x1x1xNv
+  p_BxHkvxGxTxNv = _masked_softmax(s_BxHkvxGxTxNv, visual_valid_BxNv[:, None, None, None, :])
+  o_BxTxHkvxGxDh = jnp.einsum("bkgtn,bnkd->btkgd", p_BxHkvxGxTxNv, v_BxNvxHkvxDh.astype(acc),
                             preferred_element_type=acc)
-  o_BxTxHqxDh = o_BxTxKxGxDh.reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
+  o_BxTxHqxDh = o_BxTxHkvxGxDh.reshape(B, T, Hq, Dh).astype(q_BxTxHqxDh.dtype)
   if not return_probs:
     return o_BxTxHqxDh
-  p_BxTxHqxNv = jnp.transpose(p_BxKxGxTxNv, (0, 3, 1, 2, 4)).reshape(B, T, Hq, Nv)
+  p_BxTxHqxNv = jnp.transpose(p_BxHkvxGxTxNv, (0, 3, 1, 2, 4)).reshape(B, T, Hq, Nv)
   return o_BxTxHqxDh, p_BxTxHqxNv
 
 
 def _masked_softmax(s_xNv, valid_xNv):
-  """Softmax over the last axis; the `valid` factor makes all-padding rows 0.
+  """Softmax over the last axis; selecting on `valid` makes all-padding rows 0.
 
   With every token masked, s is finfo.min everywhere, so exp(s - max) is 1 for
-  the padding: multiplying by `valid` zeroes it and the guarded division
-  keeps the row (and its gradient) at exactly 0.
+  the padding: the select zeroes it (a select, not a product, so nothing a
+  padded score holds can leak) and the guarded division keeps the row (and
+  its gradient) at exactly 0.
   """
   m = jax.lax.stop_gradient(jnp.max(s_xNv, axis=-1, keepdims=True))
-  e_xNv = jnp.exp(s_xNv - m) * valid_xNv.astype(s_xNv.dtype)
+  e_xNv = jnp.where(valid_xNv.astype(bool), jnp.exp(s_xNv - m), 0).astype(s_xNv.dtype)
   denom = jnp.sum(e_xNv, axis=-1, keepdims=True)
   return e_xNv / jnp.where(denom > 0, denom, 1.0)
 
@@ -103,9 +106,10 @@ def visual_attention_reference(q_BxTxHqxDh, k_BxNvxHkvxDh, v_BxNvxHkvxDh,
   G = Hq // Hkv
   if visual_valid_BxNv is None:
     visual_valid_BxNv = jnp.ones((B, Nv), bool)
-  q = q_BxTxHqxDh.astype(jnp.float32)
-  k = k_BxNvxHkvxDh.astype(jnp.float32)
-  v = v_BxNvxHkvxDh.astype(jnp.float32)
+  acc = _stat_dtype(q_BxTxHqxDh.dtype)
+  q = q_BxTxHqxDh.astype(acc)
+  k = k_BxNvxHkvxDh.astype(acc)
+  v = v_BxNvxHkvxDh.astype(acc)
   heads = []
   for a in range(Hq):
     kv = a // G

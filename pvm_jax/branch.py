@@ -72,10 +72,10 @@ def visual_cache(params, config: PVMConfig, v_img_BxNvxDv, visual_valid_BxNv=Non
   valid_BxNv = visual_valid_BxNv.astype(bool)
   v_img = jnp.where(valid_BxNv[:, :, None], v_img_BxNvxDv.astype(c.dtype), 0)
   v_lat_BxNvxL = v_img @ _w(params, "w_down_vis", c)
-  k_BxNvxKxDh = (v_lat_BxNvxL @ _w(params, "w_k", c)).reshape(B, Nv, c.kv_heads, c.head_dim)
-  k_BxNvxKxDh = rms_norm(k_BxNvxKxDh, params["k_norm"], eps=c.eps)
-  v_BxNvxKxDh = (v_lat_BxNvxL @ _w(params, "w_v", c)).reshape(B, Nv, c.kv_heads, c.head_dim)
-  return VisualCache(k=k_BxNvxKxDh, v=v_BxNvxKxDh, valid=valid_BxNv)
+  k_BxNvxHkvxDh = (v_lat_BxNvxL @ _w(params, "w_k", c)).reshape(B, Nv, c.kv_heads, c.head_dim)
+  k_BxNvxHkvxDh = rms_norm(k_BxNvxHkvxDh, params["k_norm"], eps=c.eps)
+  v_BxNvxHkvxDh = (v_lat_BxNvxL @ _w(params, "w_v", c)).reshape(B, Nv, c.kv_heads, c.head_dim)
+  return VisualCache(k=k_BxNvxHkvxDh, v=v_BxNvxHkvxDh, valid=valid_BxNv)
 
 
 def swiglu(x_xL, w_gate_LxF, w_in_LxF, w_out_FxL):
@@ -92,15 +92,15 @@ def latent_retrieval(params, config: PVMConfig, x_BxTxD, cache: VisualCache, *,
   c = config
   B, T, _ = x_BxTxD.shape
   x_lat_BxTxL = rms_norm(x_BxTxD @ _w(params, "w_down_txt", c), params["lat_norm"], eps=c.eps)
-  q_BxTxHxDh = (x_lat_BxTxL @ _w(params, "w_q", c)).reshape(B, T, c.q_heads, c.head_dim)
-  q_BxTxHxDh = rms_norm(q_BxTxHxDh, params["q_norm"], eps=c.eps)
-  o_BxTxHxDh, p_BxTxHxNv = visual_attention(q_BxTxHxDh, cache.k, cache.v, cache.valid,
+  q_BxTxHqxDh = (x_lat_BxTxL @ _w(params, "w_q", c)).reshape(B, T, c.q_heads, c.head_dim)
+  q_BxTxHqxDh = rms_norm(q_BxTxHqxDh, params["q_norm"], eps=c.eps)
+  o_BxTxHqxDh, p_BxTxHqxNv = visual_attention(q_BxTxHqxDh, cache.k, cache.v, cache.valid,
                                             return_probs=True)
-  a_BxTxL = o_BxTxHxDh.reshape(B, T, c.latent_dim) @ _w(params, "w_o", c)
+  a_BxTxL = o_BxTxHqxDh.reshape(B, T, c.latent_dim) @ _w(params, "w_o", c)
   ffn_in = rms_norm(a_BxTxL, params["ffn_norm"], eps=c.eps)
   h_BxTxL = a_BxTxL + swiglu(ffn_in, _w(params, "w_gate", c), _w(params, "w_in", c),
                              _w(params, "w_ffn_out", c))
-  return (h_BxTxL, p_BxTxHxNv) if return_probs else h_BxTxL
+  return (h_BxTxL, p_BxTxHqxNv) if return_probs else h_BxTxL
 
 
 def pvm_forward(params, config: PVMConfig, x_BxTxD, cache: VisualCache, text_mask_BxT=None,
@@ -112,11 +112,16 @@ def pvm_forward(params, config: PVMConfig, x_BxTxD, cache: VisualCache, text_mas
   much text precedes it.
   """
   c = config
-  h_BxTxL, p_BxTxHxNv = latent_retrieval(params, c, x_BxTxD.astype(c.dtype), cache,
-                                         return_probs=True)
+  x_BxTxD = x_BxTxD.astype(c.dtype)
+  if text_mask_BxT is not None:
+    text_BxTx1 = text_mask_BxT.astype(bool)[:, :, None]
+    # Image positions compute from zeros: y is +0.0 there anyway, and a NaN
+    # they hold then reaches no gradient either (0·NaN = NaN in the backward).
+    x_BxTxD = jnp.where(text_BxTx1, x_BxTxD, 0).astype(c.dtype)
+  h_BxTxL, p_BxTxHqxNv = latent_retrieval(params, c, x_BxTxD, cache, return_probs=True)
   u_BxTxD = rms_norm(h_BxTxL @ _w(params, "w_up", c), eps=c.eps)
   y_BxTxD = params["gate"].astype(c.dtype) * u_BxTxD
   if text_mask_BxT is not None:
     # where, not a product: image tokens get exactly +0.0 whatever y holds there.
-    y_BxTxD = jnp.where(text_mask_BxT.astype(bool)[:, :, None], y_BxTxD, 0)
-  return (y_BxTxD, p_BxTxHxNv) if return_probs else y_BxTxD
+    y_BxTxD = jnp.where(text_BxTx1, y_BxTxD, 0)
+  return (y_BxTxD, p_BxTxHqxNv) if return_probs else y_BxTxD

@@ -19,6 +19,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from lngram_jax import dataclass_json
+
 UP_INITS = ("normal", "zero")
 
 
@@ -96,6 +98,8 @@ class PVMConfig:
       raise ValueError(f"PVMConfig: eps={self.eps} must be > 0.")
     if not self.init_std > 0:
       raise ValueError(f"PVMConfig: init_std={self.init_std} must be > 0.")
+    for name in ("dtype", "param_dtype"):   # refused here, not at call time inside jax
+      dataclass_json.as_float_dtype("PVMConfig", name, getattr(self, name))
 
   @property
   def q_heads(self) -> int:
@@ -124,7 +128,15 @@ class PVMConfig:
   def replace(self, **changes) -> PVMConfig:
     return dataclasses.replace(self, **changes)
 
+  def to_dict(self) -> dict:
+    """A JSON-serialisable dict (dtypes by name): checkpoints store this."""
+    return dataclass_json.to_json(self)
+
+  @classmethod
+  def from_dict(cls, d: dict):
+    """Inverse of `to_dict` (of this class or a subclass); unknown fields are an error."""
+    return dataclass_json.from_json(cls, d)
+
 
 def _positive(name: str, value) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"PVMConfig: {name}={value!r} must be a positive int.")
+  dataclass_json.check_positive_int("PVMConfig", name, value)

@@ -63,44 +63,46 @@ def explicit_layers(n_layers: int, layers) -> tuple[int, ...]:
   return tuple(sorted(layers))
 
 
-def peak_attention_layers(visual_mass_L, count: int) -> tuple[int, ...]:
+def peak_attention_layers(visual_mass_layers, count: int) -> tuple[int, ...]:
   """The `count` layers with the largest visual attention mass (ties: lower index).
 
-  visual_mass_L: [L] per-layer visual attention mass (e.g. averaged over
-  heads, samples and generated positions); a [L, T] curve is averaged over T.
+  visual_mass_layers: [n_layers] per-layer visual attention mass (e.g. averaged over
+  heads, samples and generated positions); a [n_layers, T] curve is averaged over T.
   """
-  mass_L = _per_layer("visual_mass", visual_mass_L)
-  return _top(mass_L, count, "peak_attention_layers")
+  mass_layers = _per_layer("visual_mass", visual_mass_layers)
+  return _top(mass_layers, count, "peak_attention_layers")
 
 
-def layer_decay(visual_mass_LxT, *, window: int | None = None, relative: bool = False):
+def layer_decay(visual_mass_layersxT, *, window: int | None = None, relative: bool = False):
   """How much each layer's visual mass falls from the start to the end of the answer.
 
-  decay_L = mean(mass[:, :w]) - mean(mass[:, -w:]), w = window or max(1, T // 4);
+  decay_layers = mean(mass[:, :w]) - mean(mass[:, -w:]), w = window or max(1, T // 4);
   with `relative`, divided by mean(mass[:, :w]) (0 where that is 0).
   """
-  mass_LxT = np.asarray(visual_mass_LxT, np.float64)
-  if mass_LxT.ndim != 2 or mass_LxT.shape[1] < 2:
+  mass_layersxT = np.asarray(visual_mass_layersxT, np.float64)
+  if mass_layersxT.ndim != 2 or mass_layersxT.shape[1] < 2:
     raise ValueError(
-        f"visual_mass must be [L, T] with T >= 2 generated positions; got {mass_LxT.shape}.")
-  if not np.all(np.isfinite(mass_LxT)):
+        f"visual_mass must be [n_layers, T] with T >= 2 generated positions; got "
+        f"{mass_layersxT.shape}.")
+  if not np.all(np.isfinite(mass_layersxT)):
     raise ValueError("visual_mass holds non-finite values.")
-  T = mass_LxT.shape[1]
+  T = mass_layersxT.shape[1]
   w = max(1, T // 4) if window is None else window
   if not 1 <= w <= T // 2:
     raise ValueError(f"layer_decay: window={w} must be in [1, T//2={T // 2}].")
-  early_L = mass_LxT[:, :w].mean(axis=1)
-  decay_L = early_L - mass_LxT[:, -w:].mean(axis=1)
+  early_layers = mass_layersxT[:, :w].mean(axis=1)
+  decay_layers = early_layers - mass_layersxT[:, -w:].mean(axis=1)
   if relative:
-    decay_L = np.where(early_L > 0, decay_L / np.where(early_L > 0, early_L, 1.0), 0.0)
-  return decay_L
+    safe_layers = np.where(early_layers > 0, early_layers, 1.0)
+    decay_layers = np.where(early_layers > 0, decay_layers / safe_layers, 0.0)
+  return decay_layers
 
 
-def max_decay_layers(visual_mass_LxT, count: int, *, window: int | None = None,
+def max_decay_layers(visual_mass_layersxT, count: int, *, window: int | None = None,
                      relative: bool = False) -> tuple[int, ...]:
   """The `count` layers whose visual mass decays most over the answer (see layer_decay)."""
-  decay_L = layer_decay(visual_mass_LxT, window=window, relative=relative)
-  return _top(decay_L, count, "max_decay_layers")
+  decay_layers = layer_decay(visual_mass_layersxT, window=window, relative=relative)
+  return _top(decay_layers, count, "max_decay_layers")
 
 
 def select_layers(strategy: str, n_layers: int, *, start: int | None = None,
@@ -137,16 +139,17 @@ def _per_layer(name, values):
   if arr.ndim == 2:
     arr = arr.mean(axis=1)
   if arr.ndim != 1 or arr.size == 0:
-    raise ValueError(f"{name} must be [L] or [L, T]; got shape {np.shape(values)}.")
+    raise ValueError(f"{name} must be [n_layers] or [n_layers, T]; got shape "
+                     f"{np.shape(values)}.")
   if not np.all(np.isfinite(arr)):
     raise ValueError(f"{name} holds non-finite values.")
   return arr
 
 
-def _top(score_L, count, who):
-  L = score_L.shape[0]
-  if not isinstance(count, int) or not 1 <= count <= L:
-    raise ValueError(f"{who}: count={count!r} must be an int in [1, L={L}].")
+def _top(score_layers, count, who):
+  n_layers = score_layers.shape[0]
+  if not isinstance(count, int) or not 1 <= count <= n_layers:
+    raise ValueError(f"{who}: count={count!r} must be an int in [1, n_layers={n_layers}].")
   # A stable sort of -score keeps the lower index first among ties.
-  order = np.argsort(-score_L, kind="stable")
+  order = np.argsort(-score_layers, kind="stable")
   return tuple(sorted(int(i) for i in order[:count]))

@@ -106,7 +106,8 @@ class PVM(nnx.Module):
       raise TypeError(f"cache must be a VisualCache; got {type(cache).__name__}.")
     if cache.k.shape[0] != B:
       raise ValueError(f"cache batch {cache.k.shape[0]} != x batch {B}.")
-    checks.check_mask("text_mask", text_mask, (B, T))
+    if text_mask is not None:   # bool or 0/1: a mask selects, it never scales
+      text_mask = checks.check_valid("text_mask", text_mask, (B, T))
     return branch.pvm_forward(self.param_arrays(), c, x_BxTxD, cache, text_mask,
                               return_probs=return_probs)
 

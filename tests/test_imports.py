@@ -1,15 +1,35 @@
 """Structure checks: which package may import which, and what the code may cite.
 
 Imports are read with `ast` (nothing is imported), so these tests are fast and
-name the file, line and import of every violation. The rules (DESIGN.md §6):
+name the file, line and import of every violation. The rules (DESIGN.md §6.2):
 
   * `kernels` imports nothing from `lngram_jax`, `pvm_jax` or `experiments`;
   * `lngram_jax`, `pvm_jax`, `kernels` import nothing from `experiments`;
+  * `lngram_jax` imports no orbax (run checkpointing lives in the trainer),
+    except the sharded layer's short save / restore on plain orbax
+    (`lngram_jax/sharding/checkpoint.py`);
+  * the trainer (`experiments/trainer/`) imports nothing from the tasks, the
+    models, the VLM or the analyses: it knows no LM, VLM or Lngram;
+  * nothing imports the bench and report tools (`experiments.bench`,
+    `experiments.reproduce`, `experiments.report`, `experiments.report_analyses`,
+    `experiments.results`, `experiments.tables`) except those tools and tests;
   * no module outside `experiments/configs/` imports from `experiments.configs`
-    except the loader helpers of its `__init__.py` (a config file is loaded by
-    path, never imported);
+    except the loader helpers of its `__init__.py` and `LATER_FIELDS` (a config
+    file is loaded by path, never imported);
   * a config file imports only `ml_collections`, `__future__` and modules of
-    `experiments/configs/` (its shared defaults).
+    `experiments/configs/` (its shared defaults);
+  * no import cycle anywhere in the repository: the strongly connected
+    components of the whole module graph (every import statement, at module
+    level or inside a function, since either may run) are single modules.
+
+Which edges an import adds (`import_edges`): `import a.b.c` needs the module
+a.b.c and, before it, the packages a and a.b; `from a.b import c` needs a.b.c
+when c is a submodule, else the package a.b itself (c is a name its
+`__init__` defines). A package that the importing module sits inside is
+already being initialised when the module runs, so it adds no edge unless a
+name is read from it: a package `__init__` re-exporting its submodules, whose
+submodules import their siblings, is not a cycle; a submodule that reads a
+name back from its own package's `__init__` is.
 
 Citations: no code or doc file points outside the repository, and every
 "DESIGN.md §N" names a section (or subsection) that DESIGN.md has.
@@ -31,14 +51,16 @@ SKIP_DIRS = frozenset({
     "dist", "runs", ".ipynb_checkpoints", ".whl", ".gl",
 })
 CONFIGS = "experiments.configs"
-CONFIG_HELPERS = frozenset({"load_config", "config_files", "purpose", "CONFIG_DIR"})
+# The loaders, and the defaults of fields added after runs were saved (resume reads them).
+CONFIG_HELPERS = frozenset({"load_config", "config_files", "purpose", "CONFIG_DIR",
+                            "LATER_FIELDS"})
 CONFIG_FILE_ALLOWED = ("ml_collections", "__future__", CONFIGS)
 DOC_SUFFIXES = frozenset({".py", ".md", ".sh", ".toml", ".ipynb", ".txt", ".cfg", ".yaml",
                           ".yml", ".rst"})
 DESIGN_SECTIONS = {
     1: "Symbols", 2: "Lngram v2 conventions", 3: "PVM conventions", 4: "Data",
     5: "Deviations", 6: "Layout", 7: "Environment and testing", 8: "Comparison arms",
-    9: "Reading the IDs", 10: "Training on a mesh",
+    9: "Reading the IDs", 10: "Training on a mesh", 11: "Pretrained backbones",
 }
 
 
@@ -70,7 +92,8 @@ def _rel(path: Path) -> str:
 def _python_files(*tops: str) -> list[Path]:
   files = []
   for top in tops:
-    files += [p for p in _walk(ROOT / top) if p.suffix == ".py"]
+    if (ROOT / top).is_dir():
+      files += [p for p in _walk(ROOT / top) if p.suffix == ".py"]
   return files
 
 
@@ -151,6 +174,117 @@ def _report(bad: list[str], rule: str) -> str:
   return f"{rule}; {len(bad)} violation(s):\n  " + "\n  ".join(bad)
 
 
+# --- the module graph ---------------------------------------------------------
+
+GRAPH_TOPS = LIBRARIES + ("experiments", "tests")
+
+
+def module_index() -> dict[str, Path]:
+  """{module name: file} of every Python module of the repository."""
+  return {_module_name(path): path for path in _python_files(*GRAPH_TOPS)}
+
+
+def _ancestors(module: str) -> list[str]:
+  parts = module.split(".")
+  return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _own_packages(module: str, path: Path) -> set[str]:
+  """The packages a module runs inside (a package's `__init__` runs inside itself)."""
+  return set(_ancestors(module)) | ({module} if path.name == "__init__.py" else set())
+
+
+def import_edges(path: Path, modules: dict[str, Path]) -> list[tuple[int | str, str]]:
+  """(line, module) of every repository module that importing `path` may run first.
+
+  Test files are imported by pytest under their file name with their folder on
+  sys.path, so inside `tests/` a bare name resolves to a sibling file first.
+  """
+  module = next((m for m, p in modules.items() if p == path), _module_name(path))
+  own = _own_packages(module, path)
+  siblings = {p.stem: m for m, p in modules.items() if p.parent == path.parent}
+  in_tests = module.split(".")[0] == "tests"
+  edges = []
+  for line, base, names in imports(path):
+    if in_tests and base.split(".")[0] in siblings:
+      base = siblings[base.split(".")[0]] + base[len(base.split(".")[0]):]
+    if names:  # from base import names
+      targets = [f"{base}.{n}" for n in names if f"{base}.{n}" in modules]
+      if len(targets) < len(names):  # a name (or `*`) read from base itself
+        targets.append(base)
+    else:
+      targets = [base]
+    for target in targets:
+      needed = [a for a in _ancestors(target) if a not in own] + [target]
+      edges += [(line, m) for m in needed if m in modules and m != module]
+  return edges
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int | str]]:
+  """{module: {imported module: the line of the first import that needs it}}."""
+  graph: dict[str, dict[str, int | str]] = {}
+  for module, path in modules.items():
+    graph[module] = {}
+    for line, target in import_edges(path, modules):
+      graph[module].setdefault(target, line)
+  return graph
+
+
+def strongly_connected(graph: dict[str, dict]) -> list[list[str]]:
+  """Tarjan's strongly connected components, iteratively (no recursion limit)."""
+  index: dict[str, int] = {}
+  low: dict[str, int] = {}
+  stack: list[str] = []
+  on_stack: set[str] = set()
+  components = []
+  for start in graph:
+    if start in index:
+      continue
+    work = [(start, iter(graph[start]))]
+    index[start] = low[start] = len(index)
+    stack.append(start)
+    on_stack.add(start)
+    while work:
+      node, children = work[-1]
+      child = next(children, None)
+      if child is not None:
+        if child not in index:
+          index[child] = low[child] = len(index)
+          stack.append(child)
+          on_stack.add(child)
+          work.append((child, iter(graph.get(child, ()))))
+        elif child in on_stack:
+          low[node] = min(low[node], index[child])
+        continue
+      work.pop()
+      if work:
+        low[work[-1][0]] = min(low[work[-1][0]], low[node])
+      if low[node] == index[node]:
+        component = []
+        while True:
+          top = stack.pop()
+          on_stack.discard(top)
+          component.append(top)
+          if top == node:
+            break
+        components.append(sorted(component))
+  return components
+
+
+def import_cycles(modules: dict[str, Path]) -> list[str]:
+  """One entry per cycle: its modules and the imports that close it (file:line)."""
+  graph = import_graph(modules)
+  out = []
+  for component in strongly_connected(graph):
+    inside = set(component)
+    if len(component) == 1 and component[0] not in graph[component[0]]:
+      continue
+    edges = [f"{_rel(modules[m])}:{line} -> {t}" for m in component
+             for t, line in graph[m].items() if t in inside]
+    out.append(f"{' <-> '.join(component)}\n      " + "\n      ".join(edges))
+  return out
+
+
 def test_the_import_reader_resolves_every_form(tmp_path, monkeypatch):
   # The reader itself must catch relative, from- and dynamic imports.
   pkg = tmp_path / "kernels" / "op"
@@ -174,6 +308,78 @@ def test_kernels_import_no_model_package():
 def test_libraries_do_not_import_experiments():
   bad = _violations(_python_files(*LIBRARIES), ("experiments",))
   assert not bad, _report(bad, "lngram_jax, pvm_jax and kernels must not import experiments")
+
+
+# The sharded layer's own save / restore on plain orbax (DESIGN.md §2.11): no run infrastructure.
+ORBAX_IN_LNGRAM = "lngram_jax/sharding/checkpoint.py"
+
+
+def test_lngram_jax_imports_no_orbax():
+  assert (ROOT / ORBAX_IN_LNGRAM).is_file(), f"{ORBAX_IN_LNGRAM} is gone: drop the exception"
+  files = [p for p in _python_files("lngram_jax") if _rel(p) != ORBAX_IN_LNGRAM]
+  bad = _violations(files, ("orbax",))
+  assert not bad, _report(bad, f"lngram_jax must not import orbax (run checkpointing lives in "
+                               f"experiments.trainer; the one exception is {ORBAX_IN_LNGRAM})")
+
+
+TRAINER = "experiments/trainer"
+TRAINER_FORBIDDEN = ("experiments.tasks", "experiments.models", "experiments.vlm",
+                     "experiments.analysis")
+
+
+def test_the_trainer_knows_no_task():
+  files = _python_files(TRAINER)
+  assert files, f"{TRAINER}/ holds no module"
+  bad = _violations(files, TRAINER_FORBIDDEN)
+  assert not bad, _report(bad, f"the trainer must not import {', '.join(TRAINER_FORBIDDEN)}")
+
+
+# The bench and report tools: runnable from the command line, imported by nothing else.
+TOOLS = ("experiments.bench", "experiments.reproduce", "experiments.report",
+         "experiments.report_analyses", "experiments.results", "experiments.tables")
+
+
+def _is_tool(path: Path) -> bool:
+  return _module_name(path).split(".")[0] == "tests" or any(
+      _within(_module_name(path), tool) for tool in TOOLS)
+
+
+def test_nothing_imports_the_tools():
+  files = [p for p in _walk(ROOT) if p.suffix in (".py", ".ipynb") and not _is_tool(p)]
+  bad = _violations(files, TOOLS)
+  assert not bad, _report(bad, f"only the tools and tests may import {', '.join(TOOLS)}")
+
+
+def test_the_cycle_finder(tmp_path, monkeypatch):
+  # A cycle through a function-level import and one through a package's own
+  # `__init__` are found; a package re-exporting submodules that import their
+  # siblings is not a cycle.
+  files = {
+      "experiments/__init__.py": "",
+      "experiments/a.py": "from experiments import b\n",
+      "experiments/b.py": "def f():\n  import experiments.c\n",
+      "experiments/c.py": "from experiments.a import x\n",
+      "experiments/pkg/__init__.py": "from experiments.pkg.one import y\n",
+      "experiments/pkg/one.py": "from experiments.pkg import two\n",
+      "experiments/pkg/two.py": "import experiments.a\n",
+      "experiments/loop/__init__.py": "from experiments.loop.one import z\n",
+      "experiments/loop/one.py": "from experiments.loop import helper\n",
+  }
+  for name, source in files.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(source)
+  monkeypatch.setitem(globals(), "ROOT", tmp_path)
+  cycles = sorted(c.split("\n")[0] for c in import_cycles(module_index()))
+  assert cycles == ["experiments.a <-> experiments.b <-> experiments.c",
+                    "experiments.loop <-> experiments.loop.one"], cycles
+
+
+def test_no_import_cycle():
+  modules = module_index()
+  assert len(modules) > 100, sorted(modules)
+  cycles = import_cycles(modules)
+  assert not cycles, (f"{len(cycles)} import cycle(s) (strongly connected modules and the "
+                      "imports inside each):\n  " + "\n  ".join(cycles))
 
 
 def test_no_module_imports_a_config_file():

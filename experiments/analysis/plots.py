@@ -97,6 +97,6 @@ def write_png(path, name: str, result: dict, module, text: str) -> Path:
     fig.clf()
     fig.text(0.01, 0.99, text, family="monospace", fontsize=5, va="top")
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, format="png")
   plt.close(fig)
   return Path(path)

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.analysis import output
 from experiments.analysis import targets as targets_lib
 from experiments.models.branches import BranchContext
 
@@ -227,7 +228,6 @@ def take(records: PositionRecords, index) -> PositionRecords:
 def save_records(records: PositionRecords, path) -> Path:
   """Writes the records to one .npz (no pickles) and returns its path."""
   path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
   meta = {
       "split": records.split, "files": list(records.files), "layers": list(records.layers),
       "bits": int(records.bits), "skipped_files": int(records.skipped_files),
@@ -243,9 +243,12 @@ def save_records(records: PositionRecords, path) -> Path:
     arrays[f"codes_{layer}"] = records.codes[layer]
   for level, (_, labels) in records.targets.items():
     arrays[f"targets_{level}"] = labels
-  with open(path, "wb") as f:
-    np.savez(f, **arrays)
-  return path
+  def write(tmp):
+    with open(tmp, "wb") as f:   # a file object: np.savez adds no ".npz" to the name
+      np.savez(f, **arrays)
+
+  # Atomic: a killed `analyze` never leaves a truncated cache behind.
+  return output.atomic_write(path, write)
 
 
 def load_records(path) -> PositionRecords:

@@ -3,12 +3,15 @@
     lngram-exp analyze --workdir=runs/lm_lngram \
         --which=utilisation,id_knn,associations,distributed,stability,injection
 
-Restores the run's newest checkpoint, collects the position records ONCE
-(reference: a seeded sample of the training files; held-out: the validation
-files; the same positions for every reader) and runs the chosen analyses.
-Each writes `<name>.json`, `<name>.md` (its table) and `<name>.png` into
-`<workdir>/analysis/`; the records go to `records_<split>.npz` so the record
-analyses can be rerun without the model (`records.load_records`).
+Restores the run's checkpoint at `step` (default: the newest readable one),
+collects the position records ONCE (reference: a seeded sample of the training
+files; held-out: the validation files; the same positions for every reader) and
+runs the chosen analyses. Each writes `<name>.json`, `<name>.md` (its table) and
+`<name>.png` into `<workdir>/analysis/`; the records go to `records_<split>.npz` so
+the record analyses can be rerun without the model (`records.load_records`).
+Every file is written atomically, every result (and the records' meta) holds
+`source`: the checkpoint step, its config digest and the seeds; the whole run
+holds `<workdir>/.analyze.lock` (experiments/analysis/output.py).
 
   utilisation   Table 9: effective codes, normalised entropy, top code, dead codes
   id_knn        Table 1: H_model / Q_route / ID-KNN / nuisance / surface readers, rho,
@@ -24,12 +27,13 @@ stability and injection run their own windows over `n_docs` held-out files
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 import ml_collections
+
+from experiments.analysis import output
 
 log = logging.getLogger("experiments")
 
@@ -40,7 +44,7 @@ RECORD_ANALYSES = ("utilisation", "id_knn", "associations", "distributed")
 
 def run_kind(workdir) -> str:
   """"lm" or "vlm": the kind of run the newest readable checkpoint config describes."""
-  from experiments.checkpoint.restore import run_checkpointer
+  from experiments.trainer.checkpoint import run_checkpointer
   with run_checkpointer(workdir, async_save=False, create=False) as ckpt:
     _, saved = ckpt.newest_readable_config(warn=False)
   return saved.get("kind", "lm")
@@ -52,25 +56,34 @@ def _progress(name: str):
   return report
 
 
-def write_result(out_dir, name: str, result: dict, module) -> dict:
-  """`<name>.json`, `.md` and `.png` of one result in `out_dir`; returns their paths."""
+def _source_line(src: dict | None) -> str:
+  if not src:
+    return ""
+  return (f"Checkpoint step {src['step']}, config sha256 {src['config_sha256'][:16]}, "
+          f"seed {src['seed']} (training seed {src['train_seed']}).\n\n")
+
+
+def write_result(out_dir, name: str, result: dict, module, source: dict | None = None) -> dict:
+  """`<name>.json`, `.md` and `.png` of one result in `out_dir`, each written atomically,
+  the result with `source` (output.source) when given; returns their paths."""
   from experiments.analysis.id_readers import jsonable
   from experiments.analysis.plots import write_png
   out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  result = jsonable(result)
+  result = jsonable(result if source is None else {**result, "source": source})
   text = module.markdown(result)
   paths = {"json": out_dir / f"{name}.json", "md": out_dir / f"{name}.md",
            "png": out_dir / f"{name}.png"}
-  paths["json"].write_text(json.dumps(result, indent=1, allow_nan=False))
-  paths["md"].write_text(f"# {name}\n\n{text.rstrip()}\n")
-  write_png(paths["png"], name, result, module, text)
+  # The PNG and table first, the JSON (what readers and `reproduce` look for) last.
+  output.atomic_write(paths["png"], lambda tmp: write_png(tmp, name, result, module, text))
+  output.write_text(paths["md"], f"# {name}\n\n{_source_line(source)}{text.rstrip()}\n")
+  output.write_json(paths["json"], result)
   return paths
 
 
 def collect(model, config, *, max_positions: int | None, seed: int, n_reference: int,
-            progress: bool, out_dir=None):
-  """(reference, held-out) PositionRecords of the run's corpus; saved into `out_dir`."""
+            progress: bool, out_dir=None, source: dict | None = None):
+  """(reference, held-out) PositionRecords of the run's corpus; saved into `out_dir`
+  (atomically, `source` in their meta) when given."""
   from experiments.analysis import records
   from experiments.data.corpus import corpus_spec, load_corpus
   corpus = load_corpus(corpus_spec(config))
@@ -83,20 +96,25 @@ def collect(model, config, *, max_positions: int | None, seed: int, n_reference:
                                  concept_names=ref.concept_names(), progress=progress)
   if out_dir is not None:
     for r in (ref, held):
+      if source is not None:
+        r.meta["source"] = source
       records.save_records(r, Path(out_dir) / f"records_{r.split}.npz")
   return ref, held, corpus
 
 
-def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, seed: int = 0,
-               n_reference: int = 256, max_queries: int | None = 2000, n_perm: int = 500,
-               n_docs: int = 48, windows_per_doc: int = 2, n_boot: int = 10_000,
-               stability_steps=None, progress: bool = True) -> dict:
-  """Runs the chosen analyses on an LM run; returns {name: result}.
+def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
+               max_positions: int | None = 4000, seed: int = 0, n_reference: int = 256,
+               max_queries: int | None = 2000, n_perm: int = 500, n_docs: int = 48,
+               windows_per_doc: int = 2, n_boot: int = 10_000, stability_steps=None,
+               progress: bool = True) -> dict:
+  """Runs the chosen analyses on an LM run; returns {name: result}, each with `source`.
 
   Parameters
   ----------
   workdir : the run directory (`lngram-exp train --workdir`).
   which : names from `LM_ANALYSES`.
+  step : the checkpoint analysed (default: the newest readable one); a step not on
+    disk raises `MissingStepError` naming the kept ones.
   max_positions : sampled positions per split for the position records.
   seed : every sample (files, positions, queries, permutations, bootstrap).
   n_reference : training files drawn as the reference split.
@@ -111,6 +129,21 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, 
   if unknown:
     raise ValueError(f"analyze: unknown LM analyses {sorted(unknown)}; "
                      f"choose from {','.join(LM_ANALYSES)}.")
+  workdir = Path(workdir).expanduser().absolute()
+  if not (workdir / "checkpoints").is_dir():   # before the lock is written into it
+    raise FileNotFoundError(f"no checkpoint directory {workdir / 'checkpoints'}.")
+  if (workdir / "token_data.json").is_file():   # written by runs on token data
+    raise ValueError(f"analyze: {workdir} was trained on token data; the LM analyses read "
+                     "byte-level corpora only, for now.")
+  with output.analysis_lock(workdir):
+    return _analyze_lm(workdir, which, step, max_positions=max_positions, seed=seed,
+                       n_reference=n_reference, max_queries=max_queries, n_perm=n_perm,
+                       n_docs=n_docs, windows_per_doc=windows_per_doc, n_boot=n_boot,
+                       stability_steps=stability_steps, progress=progress)
+
+
+def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference, max_queries,
+                n_perm, n_docs, windows_per_doc, n_boot, stability_steps, progress) -> dict:
   from experiments.analysis import (
       associations,
       distributed,
@@ -120,23 +153,26 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, 
       stability,
       utilisation,
   )
-  from experiments.checkpoint.restore import restore_module, run_checkpointer
+  from experiments.tasks.restore import restore_module
+  from experiments.trainer.checkpoint import run_checkpointer
 
-  workdir = Path(workdir).expanduser().absolute()
-  model, saved, step = restore_module(workdir)
+  model, saved, step = restore_module(workdir, step)
   if saved.get("kind", "lm") != "lm":
     raise ValueError(f"analyze_lm: {workdir} is a {saved.get('kind')} run, not an LM run.")
   probe.lngram_layers(model)   # a clear error for a model without Lngram
   config = ml_collections.ConfigDict(saved["experiment"])
   out_dir = workdir / "analysis"
   out_dir.mkdir(parents=True, exist_ok=True)
+  output.remove_leftovers(out_dir)   # of an earlier analyze killed mid-write
+  src = output.source(saved, step, seed)
   log.info("analyze %s: checkpoint step %d, analyses %s", workdir, step, ",".join(which))
   results, modules, t0 = {}, {}, time.time()
 
   ref = held = corpus = None
   if set(which) & set(RECORD_ANALYSES):
     ref, held, corpus = collect(model, config, max_positions=max_positions, seed=seed,
-                                n_reference=n_reference, progress=progress, out_dir=out_dir)
+                                n_reference=n_reference, progress=progress, out_dir=out_dir,
+                                source=src)
     log.info("analyze: records of %d reference / %d held-out positions (%d / %d files "
              "skipped) in %.0fs", ref.num_positions, held.num_positions, ref.skipped_files,
              held.skipped_files, time.time() - t0)
@@ -191,7 +227,8 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, max_positions: int | None = 4000, 
     modules["injection"] = injection
 
   for name in which:
-    write_result(out_dir, name, results[name], modules[name])
+    results[name] = {**results[name], "source": src}
+    write_result(out_dir, name, results[name], modules[name], source=src)
   log.info("analyze: wrote %s (.json, .md, .png) into %s in %.0fs", ",".join(which), out_dir,
            time.time() - t0)
   return results

@@ -16,20 +16,11 @@ from __future__ import annotations
 from experiments.configs import load_config
 from experiments.models import branches, lm_config
 from experiments.models.arms import engram, lngram_v1, pkm, sparse_ffn
+from experiments.models.params import branch_param_count as count
 from lngram_jax.config import LngramConfig
-from lngram_jax.layer import param_count as lngram_count
 
 ARM_FILES = ("lm_lngram", "lm_lngram.py:nosink", "lm_lngram.py:r64", "lm_pkm", "lm_engram",
              "lm_lngram_v1", "lm_sparse_ffn")
-
-
-def count(memory_config) -> dict[str, int]:
-  """param_count of one layer of any registered memory arm."""
-  if isinstance(memory_config, LngramConfig):
-    return lngram_count(memory_config)
-  module = {pkm.CONFIG: pkm, engram.CONFIG: engram, lngram_v1.CONFIG: lngram_v1,
-            sparse_ffn.CONFIG: sparse_ffn}[type(memory_config)]
-  return module.param_count(memory_config)
 
 
 def small_rows():

@@ -10,14 +10,14 @@ form (literal, streaming, absorbed; one-bit surrogate) and per surrogate mode
 (none, onebit, exact, ste; absorbed readout), the one-bit and exact surrogates
 also with each other backward implementation of `--surrogate-impls` (rows
 "... (gather)": the reference twin of `lngram_jax.lookup`), the dense layer of
-`bench_dense.py`, and the readout functions alone (literal vs absorbed). Each
+`dense.py`, and the readout functions alone (literal vs absorbed). Each
 number is the median of `--repeats` runs after warm-up, every run ended by
-`jax.block_until_ready`. Then it checks the targets of the issue:
+`jax.block_until_ready`. Then it checks four speed targets:
 
   1. absorbed readout fwd+bwd at least 3x faster than literal (readout alone);
   2. one-bit surrogate backward (fwd+bwd minus fwd) at most 2x the `none` one;
   3. the whole layer (absorbed, one-bit) no slower than the dense layer, forward
-     and forward+backward (the issue sets this at the gpu shape);
+     and forward+backward (a target at the gpu shape);
   4. one-bit forward+backward at most 1.3x the `none` one, exact at
      most 1.6x (absorbed readout, default surrogate implementation).
 
@@ -223,7 +223,7 @@ def _fwd_bwd_row(fwd_ms: float, fwd_bwd_ms: float) -> dict:
 
 
 def check_targets(rows: dict) -> list[dict]:
-  """The three targets of the issue, each with its measured value."""
+  """The speed targets of the module docstring, each with its measured value."""
   targets = []
   lit, absd = rows.get("readout only: literal"), rows.get("readout only: absorbed")
   if lit and absd:

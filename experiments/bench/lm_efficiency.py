@@ -33,12 +33,11 @@ and for decode (PASS/FAIL per column), next to the paper's own overhead on an
 H800 (r64/m4/KV8: +6.1% prefill at 1024, +8.0% decode).
 
 Compile time: the dense blocks between memory layers run as `lax.scan` over
-stacked weights (`ScanLM`, built from a real `DecoderLM`), so a program holds
-five block bodies (3 dense scans, 2 memory blocks) instead of 28 blocks. The
-dense decode step writes the new K/V into the stacked cache in place (the scan
-carries it) so the scan adds no cache copy; memory layers run the repository's
-own `Block` (prefill and decode). `--impl loop` times the repository's
-`DecoderLM` itself (28 unrolled blocks: slow to compile); `--loop-check ROWS`
+stacked weights (`DecoderLM(scan=True)`), so a program holds five block bodies
+(3 dense scans, 2 memory blocks) instead of 28 blocks. The dense decode step
+writes the new K/V into the stacked cache in place (the scan carries it) so the
+scan adds no cache copy. `--impl loop` times the same `DecoderLM` unrolled (28
+blocks: slow to compile); `--loop-check ROWS`
 times just those rows that way (prefill at the longest prompt, decode B = 1)
 right after their scanned rows and reports scan / loop time: ~1 means the
 scanned numbers are the model's. XLA may copy a layer's weights out of the
@@ -51,7 +50,7 @@ Peak memory: with `memory_stats()` (GPU) it is the bytes in use before the call
 plus the compiled program's temporaries and outputs (`memory_analysis()`; JAX
 cannot reset the device peak counter, whose running value is kept too as
 `device_peak_gib`); without it (CPU) the live argument bytes take the place of
-the bytes in use. `memory_source` says which.
+the bytes in use. `memory_source` says which (`measure.py`).
 
 Each configuration runs in a worker thread under `--config-limit-s`: a hung
 compile costs that row only. The JSON is rewritten after every row. The
@@ -67,7 +66,6 @@ import argparse
 import functools
 import gc
 import json
-import threading
 import time
 
 import jax
@@ -75,15 +73,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.bench.measure import (
+  format_gib,
+  memory_source,
+  nbytes,
+  run_with_limit,
+  time_program,
+)
 from experiments.bench.scan_lm import (
   BACKBONE,
   SMOKE_BACKBONE,
-  LoopLM,
-  ScanLM,
+  PureLM,
   build_lm,
   lm_config,
   lngram_config,
 )
+from experiments.models.params import memory_params as count_memory_params
 from lngram_jax.config import READOUTS
 from lngram_jax.decode import lngram_decode_step, prefill_decode_state
 from lngram_jax.layer import LngramV2
@@ -116,73 +121,7 @@ SMOKE_CONFIGS = ("baseline", "r64/m4/KV8")   # --smoke alone: under a minute on 
 LAYER_DECODE = "r64/m4/KV8"   # the layer-level decode row: mem128 (the default)
 
 
-# --- measuring -----------------------------------------------------------------
-
-
-def _nbytes(tree) -> int:
-  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-def _device_stats():
-  try:
-    return jax.devices()[0].memory_stats()
-  except Exception:   # noqa: BLE001 - some backends raise instead of returning None
-    return None
-
-
-def memory_source() -> str:
-  if _device_stats():
-    return ("device: memory_stats() bytes_in_use before the call + the compiled program's "
-            "temp + output - alias bytes (memory_analysis())")
-  return ("compiled: live argument bytes + the compiled program's temp + output - alias "
-          "bytes (memory_analysis(); no device memory_stats on this backend)")
-
-
-def peak_bytes(compiled, args) -> dict:
-  """The call's peak: resident bytes + what the program allocates (see the module doc)."""
-  stats = _device_stats()
-  resident = int(stats["bytes_in_use"]) if stats else _nbytes(args)
-  try:
-    ma = compiled.memory_analysis()
-  except Exception:   # noqa: BLE001 - not every backend implements it
-    ma = None
-  out = {"resident_bytes": resident}
-  if ma is not None:
-    extra = int(ma.temp_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
-    out.update(temp_bytes=int(ma.temp_size_in_bytes), output_bytes=int(ma.output_size_in_bytes),
-               alias_bytes=int(ma.alias_size_in_bytes),
-               peak_bytes=resident + extra)
-  else:
-    out["peak_bytes"] = None
-  return out
-
-
-def time_program(fn, args, repeats: int, *, donate=(), fresh=None) -> dict:
-  """Compile `fn` for `args`, one warm-up call, then `repeats` timed calls (seconds).
-
-  With `donate` (argnums) the program updates those arguments in place, so each
-  call needs new ones: the warm-up consumes `args`, every timed call gets
-  `fresh()` (made, and finished, before its clock starts).
-  """
-  t0 = time.perf_counter()
-  compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
-  compile_s = time.perf_counter() - t0
-  mem = peak_bytes(compiled, args)
-  out = jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(repeats):
-    call_args = jax.block_until_ready(fresh()) if fresh else args
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*call_args))
-    times.append(time.perf_counter() - t0)
-    del call_args
-  stats = _device_stats()
-  mem["device_peak_gib"] = None if not stats or "peak_bytes_in_use" not in stats else (
-      stats["peak_bytes_in_use"] / 2**30)
-  gib = None if mem["peak_bytes"] is None else mem["peak_bytes"] / 2**30
-  return {"compile_s": compile_s, "times_s": times, "best_ms": 1e3 * min(times),
-          "median_ms": 1e3 * float(np.median(times)), "memory_gib": gib, "memory": mem,
-          "output": out, "compiled": compiled}
+# --- one row --------------------------------------------------------------------
 
 
 def bench_config(name: str, a, log=print) -> dict:
@@ -192,19 +131,17 @@ def bench_config(name: str, a, log=print) -> dict:
   decode_after = lengths[-1]
   cfg = lm_config(name, smoke=a.smoke, readout=a.readout,
                   max_len=decode_after + a.new_tokens, overrides=a.overrides)
-  lm = build_lm(cfg)
-  n_params = _nbytes(nnx.state(lm, nnx.Param)) // cfg.param_dtype.itemsize
-  memory_params = 0 if cfg.memory is None else sum(
-      _nbytes(nnx.state(lm.blocks[i].memory, nnx.Param)) for i in cfg.memory_layers
-  ) // cfg.param_dtype.itemsize
-  model = ScanLM(lm) if a.impl == "scan" else LoopLM(lm)
+  lm = build_lm(cfg, scan=a.impl == "scan")
+  n_params = nbytes(nnx.state(lm, nnx.Param)) // cfg.param_dtype.itemsize
+  memory_params = count_memory_params(cfg)[0]
+  model = PureLM(lm)
   del lm
   params = model.params
   row = {"name": name, "lngram": None if cfg.memory is None else {
       k: getattr(cfg.memory, k) for k in ("routes", "bits", "orders", "mem_dim", "q_heads",
                                            "kv_heads", "head_dim", "readout")},
          "memory_layers": list(cfg.memory_layers), "params": n_params,
-         "memory_params": memory_params, "param_bytes": _nbytes(params),
+         "memory_params": memory_params, "param_bytes": nbytes(params),
          "backbone_bytes": (n_params - memory_params) * cfg.param_dtype.itemsize,
          "prefill": {}, "decode": {}, "skipped": []}
   rng = np.random.default_rng(0)
@@ -230,7 +167,7 @@ def bench_config(name: str, a, log=print) -> dict:
     del r["output"]
     row["prefill"][str(T)] = r
     log(f"  {name}: prefill T={T}: {r['best_ms']:.2f} ms (median {r['median_ms']:.2f}), "
-        f"{_gib(r['memory_gib'])}; compile {r['compile_s']:.1f}s")
+        f"{format_gib(r['memory_gib'])}; compile {r['compile_s']:.1f}s")
   for B in a.decode_batches:
     if over_limit(f"decode_b{B}"):
       continue
@@ -253,7 +190,7 @@ def bench_config(name: str, a, log=print) -> dict:
       r["weights_gbps"] = row["backbone_bytes"] / (r["best_ms_per_token"] * 1e-3) / 1e9
     row["decode"][str(B)] = r
     log(f"  {name}: decode B={B}: {r['best_ms_per_token']:.3f} ms/token (median "
-        f"{r['median_ms_per_token']:.3f}), {_gib(r['memory_gib'])}; compile "
+        f"{r['median_ms_per_token']:.3f}), {format_gib(r['memory_gib'])}; compile "
         f"{r['compile_s']:.1f}s")
   row["wall_s"] = time.perf_counter() - t_start
   return row
@@ -263,28 +200,6 @@ def _decode_tokens(model, params, cache, token_B, *, steps):
   """What the decode program returns: the tokens and the final cache (logits dropped)."""
   tokens_BxN, _, cache = model.decode(params, cache, token_B, steps)
   return tokens_BxN, cache
-
-
-def _gib(x):
-  return "memory n/a" if x is None else f"{x:.3f} GiB"
-
-
-def run_with_limit(fn, limit_s: float):
-  """fn() in a daemon thread: (result, None), or (None, 'timeout' | error text)."""
-  box = {}
-
-  def target():
-    try:
-      box["result"] = fn()
-    except Exception as e:   # noqa: BLE001 - a failing row is reported, the others run
-      box["error"] = f"{type(e).__name__}: {e}"
-
-  thread = threading.Thread(target=target, daemon=True)
-  thread.start()
-  thread.join(limit_s)
-  if thread.is_alive():
-    return None, "timeout"
-  return box.get("result"), box.get("error")
 
 
 # --- the layer-level decode ----------------------------------------------------

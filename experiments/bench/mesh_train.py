@@ -6,11 +6,9 @@
 
 For each layout (`LAYOUTS`: 1 device, data=8, fsdp=8, table=8, data=2×table=4,
 data=4×fsdp=2, data=2×seq=2×table=2; a layout the config cannot be split over is
-skipped with the reason) the run's train step is built exactly as
-`experiments.train.loop._train` builds it (`nnx.split(module, nnx.Param, ...)`,
-`Placement`, `optim_lib.make_optimizer`, `init_opt_state`,
-`step_lib.make_train_step(..., out_shardings=placed.step_out_shardings(state))`,
-traced inside `layout.use(mesh)`), lowered and compiled. From `compiled.as_text()`
+skipped with the reason) the run's train state and step are built exactly as the
+trainer builds them (`experiments.trainer.init_train_state` with the LM's placement
+rules, `TrainState.step_fn` with the LM loss traced on the mesh), lowered and compiled. From `compiled.as_text()`
 every all-reduce / all-gather / reduce-scatter / collective-permute / all-to-all
 is summed with `experiments.bench.sharding.collective_bytes` (the bytes each
 device contributes: an all-gather its piece, a reduce-scatter its whole input, an
@@ -83,6 +81,7 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -96,10 +95,11 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from experiments.bench.sharding import collective_bytes, normalise_hlo  # noqa: E402
 from experiments.configs import load_config  # noqa: E402
 from experiments.models import DecoderLM, layout, lm_config  # noqa: E402
-from experiments.train import mesh as mesh_lib  # noqa: E402
-from experiments.train import optimizer as optim_lib  # noqa: E402
-from experiments.train import step as step_lib  # noqa: E402
-from experiments.train.lm_task import lm_loss  # noqa: E402
+from experiments.tasks.checks import check_fits  # noqa: E402
+from experiments.tasks.lm import lm_loss  # noqa: E402
+from experiments.trainer import optimizer as optim_lib  # noqa: E402
+from experiments.trainer import placement as mesh_lib  # noqa: E402
+from experiments.trainer.state import init_train_state  # noqa: E402
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 LAYOUTS = {
@@ -130,7 +130,7 @@ def load(spec: str):
 @dataclasses.dataclass
 class Built:
   mesh: object
-  step: object          # the jitted train step (`step_lib.make_train_step`)
+  step: object          # the jitted train step (`TrainState.step_fn`)
   state: dict
   rest: dict
   batch: dict           # on the mesh
@@ -149,41 +149,31 @@ def host_batch(config, seed: int = 0) -> dict:
 
 
 def check_mesh(config, mesh) -> None:
-  """The LM task's `check_mesh` (experiments/train/lm_task.py): ValueError if it cannot split."""
-  memory = lm_config(config).memory
-  halo = (max(memory.max_order - 1, memory.conv_context)
-          if hasattr(memory, "max_order") and hasattr(memory, "conv_context") else 0)
-  mesh_lib.check_fits(mesh, batch_size=config.data.batch_size, seq_len=config.data.seq_len,
-                      memory=memory, lngram_halo=halo)
+  """The LM task's `check_mesh` (experiments/tasks/checks.py): ValueError if it cannot split."""
+  check_fits(mesh, batch_size=config.data.batch_size, seq_len=config.data.seq_len,
+             memory=lm_config(config).memory)
 
 
 def build(config, block: dict) -> Built:
-  """State and train step on the mesh of `block`, as `experiments.train.loop._train` builds them."""
+  """State and train step on the mesh of `block`, as the trainer builds them."""
   mesh = mesh_lib.make_train_mesh(block)
   check_mesh(config, mesh)
   module = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
   paths = layout.lngram_paths(module)
-  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  placed = mesh_lib.Placement(mesh, params, lngram_paths=paths)
-  host = jax.tree.map(np.asarray, params)
-  params, rest = placed.put_params(params), placed.put_replicated(rest)
+  host = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(module, nnx.Param)))
   steps = config.train.steps
-  tx = optim_lib.make_optimizer(config.optim, params, steps)
-  state = {"params": params, "opt_state": placed.init_opt_state(tx, params),
-           "step": placed.put_replicated(jnp.zeros((), jnp.int32))}
+  ts = init_train_state(module, config.optim, (steps,), mesh,
+                        rules=layout.placement_rules(module))
   lr_fn = optim_lib.learning_rate_schedule(config.optim, steps)
-  step = step_lib.make_train_step(graphdef, tx, lr_fn, lm_loss, phase_start=0,
-                                  grad_accum=int(config.train.get("grad_accum", 1)),
-                                  out_shardings=placed.step_out_shardings(state))
-  batch = placed.put_batch(host_batch(config), tokens=True)
-  return Built(mesh, step, state, rest, batch, host, paths)
+  step = ts.step_fn(0, functools.partial(lm_loss, mesh=mesh), lr_fn,
+                    grad_accum=int(config.train.get("grad_accum", 1)))
+  batch = ts.placement.put_batch(host_batch(config), tokens=True)
+  return Built(mesh, step, ts.state, ts.rest, batch, host, paths)
 
 
 def compile_step(built: Built, *, fast: bool = False):
-  """The compiled step (traced on the mesh, as the loop traces it inside `layout.use`)."""
-  with layout.use(built.mesh):
-    lowered = built.step.lower(built.state, built.rest, built.batch)
+  """The compiled step (its loss traces the model on the mesh, as the trainer's does)."""
+  lowered = built.step.lower(built.state, built.rest, built.batch)
   return lowered.compile(FAST_COMPILE) if fast else lowered.compile()
 
 
@@ -222,6 +212,12 @@ def _keys(path) -> tuple[str, ...]:
   return tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
+def _rules(config):
+  """The LM's placement rule (its Lngram layers found on an abstract model)."""
+  return layout.placement_rules(
+      nnx.eval_shape(lambda: DecoderLM(lm_config(config), rngs=nnx.Rngs(0))))
+
+
 def predict(config, mesh, params, lngram_paths) -> list[Term]:
   """The bytes each collective should move per device per step (module docstring)."""
   size = {a: int(mesh.shape[a]) for a in mesh_lib.AXES if a in mesh.shape}
@@ -230,7 +226,7 @@ def predict(config, mesh, params, lngram_paths) -> list[Term]:
   terms: list[Term] = []
   if mesh.size == 1:
     return terms
-  specs = mesh_lib.param_specs(params, mesh, lngram_paths=lngram_paths)
+  specs = mesh_lib.param_specs(params, mesh, rules=_rules(config))
   grad = gather = scatter = shard_sum = merge_params = 0.0
   for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0],
                              jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),

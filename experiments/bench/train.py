@@ -25,16 +25,16 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
 from experiments.configs import load_config
 from experiments.data import TrainIterator, corpus_spec, load_corpus
 from experiments.models import DecoderLM, lm_config
-from experiments.train import optimizer as optim_lib
-from experiments.train import step as step_lib
-from experiments.train.lm_task import lm_loss
+from experiments.tasks.lm import lm_loss
+from experiments.trainer import optimizer as optim_lib
+from experiments.trainer.placement import make_train_mesh
+from experiments.trainer.state import init_train_state
 
 CONFIGS = {"lm_baseline": "experiments/configs/lm_baseline.py",
            "lm_lngram": "experiments/configs/lm_lngram.py",
@@ -51,14 +51,18 @@ def _config_path(name: str, common_arg: str) -> str:
   return f"{CONFIGS[model]}:{arg}" if arg else CONFIGS[model]
 
 
+def _state(config):
+  """The model's train state on one device, as the trainer sets it up."""
+  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
+  return init_train_state(model, config.optim, (config.train.steps,), make_train_mesh({}))
+
+
 def _part_runners(config, batches):
   """Closures timing one round of each part of the step, by itself: the loss
   (forward), its gradient (forward+backward) and the optimiser update (on a fixed
   gradient). Their sum exceeds the step's time by what the fused step shares."""
-  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  tx = optim_lib.make_optimizer(config.optim, params, config.train.steps)
+  ts = _state(config)
+  graphdef, params, rest, tx = ts.graphdef, ts.state["params"], ts.rest, ts.txs[0]
 
   def objective(p, batch):
     return lm_loss(nnx.merge(graphdef, p, rest), batch)[0]
@@ -80,7 +84,7 @@ def _part_runners(config, batches):
       return time.perf_counter() - t0
     return run
 
-  opt_state0 = tx.init(params)
+  opt_state0 = ts.state["opt_state"]
 
   def updates():
     p, o = params, opt_state0
@@ -95,14 +99,11 @@ def _part_runners(config, batches):
 
 def _runner(config, batches):
   """A closure timing one round of len(batches) train steps (the loop's own step)."""
-  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  tx = optim_lib.make_optimizer(config.optim, params, config.train.steps)
+  ts = _state(config)
   lr = optim_lib.learning_rate_schedule(config.optim, config.train.steps)
-  train_step = step_lib.make_train_step(graphdef, tx, lr, lm_loss)
-  state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-  state, metrics = train_step(state, rest, batches[0])  # compile
+  train_step = ts.step_fn(0, lm_loss, lr)
+  rest = ts.rest
+  state, metrics = train_step(ts.state, rest, batches[0])  # compile
   jax.block_until_ready(metrics)
   holder = {"state": state}
 

@@ -6,7 +6,9 @@ hold the shared defaults. Config files are leaves: they import only
 ml_collections and those two modules; the conversions to library objects
 live in the library (`experiments.models.config.lm_config`,
 `experiments.vlm.config.vlm_config`, `experiments.data.corpus_spec`). Only
-the helpers below are used from outside, to load a config file by path.
+the helpers below are used from outside, to load a config file by path, and
+`LATER_FIELDS` (base.py), which resuming a run saved before those fields
+existed reads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 import ast
 import importlib.util
 from pathlib import Path
+
+from experiments.configs.base import LATER_FIELDS
+
+__all__ = ["CONFIG_DIR", "LATER_FIELDS", "config_files", "load_config", "purpose"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
 

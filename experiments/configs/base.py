@@ -6,15 +6,19 @@ library turns a config into its objects: `experiments.models.config.lm_config`
 (the model), `experiments.data.corpus_spec` (the corpus).
 
 Layout of an experiment config:
-  model   the backbone (LMConfig fields); model.memory_layers and model.memory
+  model   the backbone (LMConfig fields; vocab_size 0 = the data's: 256 bytes, or
+          the token data's vocabulary); model.memory_layers and model.memory
           = dict(kind="lngram", <LngramConfig fields except d_model, which
           follows model.d_model>), the branch in those layers' memory slot.
-  data    corpus (data.path = a folder of text files, empty = the embedded
-          Python standard library), split, packing, batch, shuffling seed.
+  data    corpus (kind "bytes": data.path = a folder of text files, empty = the
+          embedded Python standard library; kind "tokens": a directory written
+          by `lngram-exp prepare-data`), split, packing, batch, shuffling seed.
   optim   AdamW, schedule, clipping, the table learning-rate multiplier.
-  train   steps, logging, evaluation, checkpoints.
+  train   steps, logging, evaluation, checkpoints; the run-control fields
+          allow_config_change (resume with another optimiser/schedule),
+          profile_steps (steps to trace), grad_accum (micro-batches per step).
   mesh    device mesh axis sizes data, fsdp, seq, table (-1: the devices the
-          others leave); all 1 = one device (experiments/train/mesh.py).
+          others leave); all 1 = one device (experiments/trainer/placement.py).
   init_from  "" or the workdir of a run without memory: start from its
           backbone, new branches at init (the paper's App. B insertion).
 """
@@ -28,20 +32,30 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = dict(
       d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=384,
-      max_len=1024, rope_theta=10000.0, tie_embeddings=True, dtype="float32",
+      vocab_size=0, max_len=1024, rope_theta=10000.0, tie_embeddings=True, dtype="float32",
       param_dtype="float32", remat=False, norm_eps=1e-6, memory_layers=(),
       memory=dict(kind="lngram", routes=16, bits=4, orders=(2, 3), mem_dim=32, q_heads=4,
                   kv_heads=2, head_dim=32, sink_mass=0.5, surrogate="onebit",
                   readout="absorbed"))
-  c.data = dict(path="", val_fraction=0.05, max_files=0, seq_len=128, batch_size=16,
-                seed=0, eval_batches=16)
+  # kind "bytes": data.path is a folder of text files; "tokens": a `prepare-data` directory.
+  c.data = dict(kind="bytes", path="", val_fraction=0.05, max_files=0, seq_len=128,
+                batch_size=16, seed=0, eval_batches=16, allow_corpus_change=False)
+  # state_dtype "": AdamW's first moment in the parameters' dtype.
   c.optim = dict(lr=3e-3, table_lr_mult=4.0, weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8,
-                 warmup_steps=50, min_lr_ratio=0.1, clip_norm=1.0)
+                 warmup_steps=50, min_lr_ratio=0.1, clip_norm=1.0, state_dtype="")
   c.train = dict(steps=600, seed=0, log_every=10, eval_every=200, ckpt_every=200,
-                 max_to_keep=3, async_checkpoint=True, progress=True)
+                 max_to_keep=3, async_checkpoint=True, progress=True,
+                 allow_config_change=False, profile_steps=(), grad_accum=1)
   c.mesh = dict(data=1, fsdp=1, seq=1, table=1)
   c.init_from = ""
   return c
+
+
+# Fields added to the defaults after runs were saved without them: a saved run that
+# lacks one ran with this value, so resuming it with this value is no change.
+LATER_FIELDS = {"optim.state_dtype": "", "train.allow_config_change": False,
+                "train.profile_steps": (), "train.grad_accum": 1,
+                "data.allow_corpus_change": False, "data.kind": "bytes", "model.vocab_size": 0}
 
 
 def memory_run(arg: str) -> tuple[ml_collections.ConfigDict, bool, list[str]]:

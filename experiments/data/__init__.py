@@ -6,11 +6,13 @@ its names) needs grain.
 
 from experiments.data.corpus import (
     Corpus,
+    CorpusChangedError,
     CorpusSpec,
     corpus_spec,
     is_validation,
     list_files,
     load_corpus,
+    record_manifest,
     split_files,
     write_manifest,
 )
@@ -18,6 +20,7 @@ from experiments.data.packing import num_rows, pack_row, reference_rows, stream_
 
 __all__ = [
     "Corpus",
+    "CorpusChangedError",
     "CorpusSpec",
     "PackedRows",
     "TrainIterator",
@@ -28,6 +31,7 @@ __all__ = [
     "load_corpus",
     "num_rows",
     "pack_row",
+    "record_manifest",
     "reference_rows",
     "split_files",
     "stream_offsets",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import sys
@@ -24,6 +25,8 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger("experiments")
 
 SOURCES = ("stdlib", "folder")
 # Folder names whose files are tests, not library source.
@@ -182,16 +185,93 @@ def _manifest(spec, root, train_paths, train_docs, val_paths, val_docs) -> dict:
       "val_files": len(val_paths),
       "train_bytes": int(sum(d.size for d in train_docs)),
       "val_bytes": int(sum(d.size for d in val_docs)),
-      "files": [{"path": p, "bytes": s, "split": sp} for p, s, sp in entries],
+      "files": [{"path": p, "bytes": s, "split": sp,
+                 "sha256": hashlib.sha256(docs[p].tobytes()).hexdigest()}
+                for p, s, sp in entries],
   }
 
 
+MANIFEST = "corpus_manifest.json"
+
+
+class CorpusChangedError(ValueError):
+  """A resumed run would read another corpus than the one its checkpoints saw."""
+
+
 def write_manifest(corpus: Corpus, workdir: str | os.PathLike) -> Path:
-  """Writes `corpus_manifest.json` into the run directory and returns its path."""
-  path = Path(workdir) / "corpus_manifest.json"
+  """Writes `corpus_manifest.json` into the run directory (atomically) and returns its path."""
+  path = Path(workdir) / MANIFEST
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(corpus.manifest, indent=1) + "\n")
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(corpus.manifest, indent=1) + "\n")
+  os.replace(tmp, path)
   return path
+
+
+def _digest(manifest: dict) -> tuple:
+  return manifest.get("file_list_sha256"), manifest.get("content_sha256")
+
+
+def _names(paths: list[str], limit: int = 3) -> str:
+  shown = ", ".join(paths[:limit])
+  return shown + (f", ... ({len(paths) - limit} more)" if len(paths) > limit else "")
+
+
+def describe_change(old: dict, new: dict) -> str:
+  """What differs between two manifests: files added / removed / edited, or settings."""
+  before = {f["path"]: f for f in old.get("files", [])}
+  after = {f["path"]: f for f in new.get("files", [])}
+  added = sorted(set(after) - set(before))
+  removed = sorted(set(before) - set(after))
+  edited = sorted(p for p in set(before) & set(after)
+                  if before[p].get("bytes") != after[p].get("bytes")
+                  or before[p].get("split") != after[p].get("split")
+                  or ("sha256" in before[p] and before[p]["sha256"] != after[p].get("sha256")))
+  parts = [f"{len(paths)} file(s) {what} ({_names(paths)})"
+           for what, paths in (("added", added), ("removed", removed), ("edited", edited))
+           if paths]
+  for key in ("root", "source", "val_fraction", "max_files"):
+    if old.get(key) != new.get(key):
+      parts.append(f"data {key} {old.get(key)!r} -> {new.get(key)!r}")
+  return "; ".join(parts) or "file contents changed"
+
+
+def saved_steps(workdir: str | os.PathLike) -> list[int]:
+  """The checkpoint steps on disk in a run directory (`<workdir>/checkpoints/<step>`)."""
+  directory = Path(workdir) / "checkpoints"
+  if not directory.is_dir():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def record_manifest(corpus: Corpus, workdir: str | os.PathLike, *,
+                    allow_change: bool = False) -> Path:
+  """Writes the run's manifest; on resume, refuses a corpus that differs from the one
+  the checkpoints saw (one line naming what changed) unless `allow_change`
+  (`data.allow_corpus_change`), which keeps the old manifest as
+  `corpus_manifest.<step>.json` (step: the newest checkpoint it covered) and logs
+  the change. A run with no checkpoint yet writes the manifest afresh."""
+  path = Path(workdir) / MANIFEST
+  steps = saved_steps(workdir)
+  if steps and path.is_file():
+    try:
+      old = json.loads(path.read_text())
+    except (OSError, ValueError):
+      old = {}
+    if _digest(old) != _digest(corpus.manifest):
+      what = describe_change(old, corpus.manifest)
+      if not allow_change:
+        raise CorpusChangedError(
+            f"data: the corpus differs from the one this run's checkpoints (up to step "
+            f"{steps[-1]}) were trained on: {what}. Resume on the same corpus, use a new "
+            "--workdir, or pass --config.data.allow_corpus_change=true to continue on the "
+            "new corpus (the old manifest is kept).")
+      kept = path.with_name(f"corpus_manifest.{steps[-1]}.json")
+      os.replace(path, kept)
+      log.warning("data: the corpus changed after step %d (%s); allowed by "
+                  "data.allow_corpus_change, the old manifest is kept in %s.",
+                  steps[-1], what, kept.name)
+  return write_manifest(corpus, workdir)
 
 
 def corpus_spec(config) -> CorpusSpec:

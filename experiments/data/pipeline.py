@@ -68,10 +68,14 @@ class TrainIterator:
   """Endless training batches with a JSON-serialisable, exactly resumable state."""
 
   def __init__(self, corpus: Corpus, *, seq_len: int, batch_size: int, seed: int,
-               prefetch: int = 4, rows: tuple[int, int] | None = None):
+               prefetch: int = 4, rows: tuple[int, int] | None = None,
+               allow_corpus_change: bool = False):
     """`rows=(a, b)`: only rows a..b-1 of every `batch_size`-row batch (one process's part
     of the global batch, read by that process alone); None: whole batches. The state
-    counts batches, so it resumes under any split of the rows."""
+    counts batches, so it resumes under any split of the rows.
+    `allow_corpus_change`: a saved state of another file list resumes at its batch
+    count over this corpus's stream (`data.allow_corpus_change`); otherwise refused."""
+    self.allow_corpus_change = allow_corpus_change
     self.source = PackedRows(corpus.train_docs, seq_len, seed=seed, epochs=_EPOCHS)
     self.fingerprint = {
         "file_list_sha256": corpus.manifest["file_list_sha256"],
@@ -108,6 +112,8 @@ class TrainIterator:
 
   def set_state(self, state: dict) -> None:
     saved = {k: state.get(k) for k in self.fingerprint}
+    if self.allow_corpus_change:   # the corpus may differ; the stream's settings may not
+      saved["file_list_sha256"] = self.fingerprint["file_list_sha256"]
     if saved != self.fingerprint:
       raise ValueError(
           "the checkpoint's data iterator was made for different data: saved "

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models.layers import normal, rope
+from experiments.models.layers import RMSNorm, normal, rope, rope_inv_freq
 
 
 def causal_mask(batch_time: tuple[int, int], *, segment_ids=None, valid=None):
@@ -56,13 +56,23 @@ def attend(q_BxTxHqxDh, k_BxSxHkvxDh, v_BxSxHkvxDh, mask_BxTxS, *, return_probs=
 
 
 class Attention(nnx.Module):
-  """GQA self-attention: w_q [D, Hq, Dh], w_kv [D, 2, Hkv, Dh], w_o [Hq, Dh, D]."""
+  """GQA self-attention: w_q [D, Hq, Dh], w_kv [D, 2, Hkv, Dh], w_o [Hq, Dh, D].
+
+  Options the pretrained families need (all off by default; DESIGN.md §11):
+  `qkv_bias` adds b_q [Hq, Dh] and b_kv [2, Hkv, Dh] (Qwen2); `qk_norm` applies
+  an RMSNorm over Dh, one scale shared by the heads, to q and k before RoPE
+  (Qwen3); `rope_scaling` rescales the RoPE frequencies (`rope_inv_freq`).
+  """
 
   def __init__(self, *, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
                rope_theta: float, dtype, param_dtype, init_std: float, out_std: float,
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, qkv_bias: bool = False, qk_norm: bool = False,
+               rope_scaling: tuple = (), norm_eps: float = 1e-6,
+               norm_scale_in_dtype: bool = False):
     self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
     self.rope_theta = rope_theta
+    # A tuple of (name, value) pairs: static, hashable, rebuilt into a dict.
+    self.rope_scaling = tuple(rope_scaling)
     self.dtype = dtype
     self.w_q = nnx.Param(
         normal(init_std)(rngs.params(), (d_model, n_heads, head_dim), param_dtype))
@@ -70,6 +80,14 @@ class Attention(nnx.Module):
         normal(init_std)(rngs.params(), (d_model, 2, n_kv_heads, head_dim), param_dtype))
     self.w_o = nnx.Param(
         normal(out_std)(rngs.params(), (n_heads, head_dim, d_model), param_dtype))
+    # Zero biases and unit norm scales draw no random numbers, so the weights
+    # above stay those of the same seed without the options.
+    self.b_q = nnx.Param(jnp.zeros((n_heads, head_dim), param_dtype)) if qkv_bias else None
+    self.b_kv = (nnx.Param(jnp.zeros((2, n_kv_heads, head_dim), param_dtype)) if qkv_bias
+                 else None)
+    norm = dict(eps=norm_eps, param_dtype=param_dtype, scale_in_dtype=norm_scale_in_dtype)
+    self.q_norm = RMSNorm(head_dim, **norm) if qk_norm else None
+    self.k_norm = RMSNorm(head_dim, **norm) if qk_norm else None
 
   def qkv(self, x_BxTxD, positions_BxT):
     """Rotated queries [B, T, Hq, Dh] and keys, plus values [B, T, Hkv, Dh]."""
@@ -77,9 +95,20 @@ class Attention(nnx.Module):
     q_BxTxHqxDh = jnp.einsum("btd,dhe->bthe", x_BxTxD, self.w_q[...].astype(self.dtype))
     kv_BxTx2xHkvxDh = jnp.einsum("btd,dckh->btckh", x_BxTxD,
                                  self.w_kv[...].astype(self.dtype))
+    if self.b_q is not None:
+      q_BxTxHqxDh = q_BxTxHqxDh + self.b_q[...].astype(self.dtype)
+      kv_BxTx2xHkvxDh = kv_BxTx2xHkvxDh + self.b_kv[...].astype(self.dtype)
     k_BxTxHkvxDh, v_BxTxHkvxDh = kv_BxTx2xHkvxDh[:, :, 0], kv_BxTx2xHkvxDh[:, :, 1]
-    q_BxTxHqxDh = rope(q_BxTxHqxDh, positions_BxT, theta=self.rope_theta)
-    k_BxTxHkvxDh = rope(k_BxTxHkvxDh, positions_BxT, theta=self.rope_theta)
+    if self.q_norm is not None:
+      q_BxTxHqxDh = self.q_norm(q_BxTxHqxDh).astype(self.dtype)
+      k_BxTxHkvxDh = self.k_norm(k_BxTxHkvxDh).astype(self.dtype)
+    inv_freq_F = None
+    if self.rope_scaling:
+      inv_freq_F = rope_inv_freq(self.head_dim, self.rope_theta, dict(self.rope_scaling))
+    q_BxTxHqxDh = rope(q_BxTxHqxDh, positions_BxT, theta=self.rope_theta,
+                       inv_freq_F=inv_freq_F)
+    k_BxTxHkvxDh = rope(k_BxTxHkvxDh, positions_BxT, theta=self.rope_theta,
+                       inv_freq_F=inv_freq_F)
     return q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh
 
   def project_out(self, o_BxTxHqxDh):

@@ -12,7 +12,9 @@ implements, over the block's input x and a `BranchContext`:
     init_decode_state(batch, ctx)       -> state                 an empty history
 
 so the block runs all three modes without knowing which branch it holds, and
-cached decoding works for each. A branch class subclasses the layer it wraps
+cached decoding works for each. A memory-slot branch may also implement the
+evaluation metrics protocol (`metric_sums`, `summarise_metrics`:
+experiments/tasks/metrics.py); Lngram v2 does, below. A branch class subclasses the layer it wraps
 (`LngramMemory(LngramV2)`, `PVMBranch(PVM)`): parameter paths stay those of
 the layer (`blocks/<i>/memory/tables/<j>`, `blocks/<i>/ffn_branch/gate`).
 
@@ -24,15 +26,19 @@ Engram, ...) is one `register(...)` call here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
+from jax.sharding import Mesh
 
-from experiments.models import layout
+from experiments.models import layout, memory_stats
 from experiments.models.layers import SwiGLU
+from lngram_jax import checks, dataclass_json
 from lngram_jax.config import LngramConfig
 from lngram_jax.decode import init_decode_state, lngram_decode_step, prefill_decode_state
 from lngram_jax.layer import LngramV2
@@ -60,6 +66,9 @@ class BranchContext:
     with the layer's own norm weights).
   probe: analyses only: branches add their attention probabilities to aux and
     the block its attention probabilities (static, so it picks a program).
+  mesh: the device mesh the forward is traced on (static): on more than one
+    device Lngram v2 runs its sharded, route-parallel form (experiments/models/
+    layout.py); None: the ordinary forward.
   """
 
   tokens_BxT: jax.Array | None = None
@@ -70,6 +79,7 @@ class BranchContext:
   visual_BxNvxD: jax.Array | None = None
   attn_norm_scale_D: jax.Array | None = None
   probe: bool = struct.field(pytree_node=False, default=False)
+  mesh: Mesh | None = struct.field(pytree_node=False, default=None)
 
 
 class Branch(Protocol):
@@ -92,13 +102,49 @@ class LngramMemory(LngramV2):
 
   def forward(self, x_BxTxD, ctx):
     kwargs = dict(segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT, return_aux=True)
-    mesh = layout.active()
+    mesh = layout.sharded(ctx.mesh)
     if mesh is None:
       y_BxTxD, aux = self(x_BxTxD, **kwargs)
     else:   # traced on a training mesh: the route-parallel sharded form
       y_BxTxD, aux = sharded_layer_apply(self, x_BxTxD, mesh=mesh,
                                          sharding=layout.LNGRAM_SHARDING, **kwargs)
     return y_BxTxD, {"codes": aux["codes"], "route_mass": aux["route_mass"]}
+
+  # --- evaluation metrics (the protocol of experiments/tasks/metrics.py) ---------------
+
+  def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
+    """Per-batch sums (in jit): route mass and tokens, each route's code histogram,
+    and per order an indicator of the table rows some valid window read (`_max`:
+    merged by maximum)."""
+    c = self.config
+    ok_BxT = (jnp.ones(aux["codes"].shape[:2], bool) if valid_BxT is None
+              else valid_BxT.astype(bool))
+    w_BxT = ok_BxT.astype(jnp.float32)
+    mass_BxT = aux["route_mass"].astype(jnp.float32).mean(-1)
+    sums = {"mass_sum": (mass_BxT * w_BxT).sum(), "tokens": w_BxT.sum(),
+            "codes": memory_stats.code_histogram(aux["codes"], ok_BxT, c.codes_per_route)}
+    for n in c.orders:
+      sums[f"rows/{n}_max"] = memory_stats.rows_touched(
+          aux["codes"], segment_ids_BxT, ok_BxT, order=n, bits=c.bits)
+    return sums
+
+  @staticmethod
+  def summarise_metrics(sums):
+    """route_mass (mean probability on real routes), sink_mass (the rest),
+    effective_codes (exp entropy of each route's codes, averaged over routes: C
+    when every code is used equally, 1 when one is), dead_code_frac (share of
+    (route, code) pairs never emitted), rows_touched/<n> (share of the order-n
+    table's rows some valid window read)."""
+    tokens = max(float(sums["tokens"]), 1.0)
+    mass = float(sums["mass_sum"]) / tokens
+    counts_RxC = np.asarray(sums["codes"])
+    out = {"route_mass": mass, "sink_mass": 1.0 - mass,
+           "effective_codes": float(memory_stats.effective_codes(counts_RxC).mean()),
+           "dead_code_frac": float((counts_RxC == 0).mean())}
+    for key in sorted(k for k in sums if k.startswith("rows/")):
+      n = key.removeprefix("rows/").removesuffix("_max")
+      out[f"rows_touched/{n}"] = float(np.asarray(sums[key]).mean())
+    return out
 
   def prefill(self, x_BxTxD, ctx):
     return prefill_decode_state(self, x_BxTxD, lengths=ctx.lengths_B,
@@ -186,9 +232,7 @@ class ParallelMLPConfig:
 
   def __post_init__(self):
     for name in ("d_model", "hidden_dim"):
-      v = getattr(self, name)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"ParallelMLPConfig: {name}={v!r} must be a positive int.")
+      dataclass_json.check_positive_int("ParallelMLPConfig", name, getattr(self, name))
     if not self.init_std > 0 or not self.eps > 0:
       raise ValueError(f"ParallelMLPConfig: init_std={self.init_std} and eps={self.eps} "
                        "must be > 0.")
@@ -208,10 +252,13 @@ class ParallelMLP(nnx.Module):
     self.gate = nnx.Param(jnp.zeros((), jnp.float32))
 
   def __call__(self, x_BxTxD, text_mask_BxT=None):
-    y_BxTxD = self.gate[...] * rms_norm(self.mlp(x_BxTxD), eps=self.config.eps)
     if text_mask_BxT is None:
-      return y_BxTxD
-    return jnp.where(text_mask_BxT.astype(bool)[:, :, None], y_BxTxD, 0)
+      return self.gate[...] * rms_norm(self.mlp(x_BxTxD), eps=self.config.eps)
+    # As PVM: bool or 0/1, and image positions compute from zeros (a select).
+    text_BxTx1 = checks.check_valid("text_mask", text_mask_BxT, x_BxTxD.shape[:2])[..., None]
+    x_BxTxD = jnp.where(text_BxTx1, x_BxTxD, 0).astype(x_BxTxD.dtype)
+    y_BxTxD = self.gate[...] * rms_norm(self.mlp(x_BxTxD), eps=self.config.eps)
+    return jnp.where(text_BxTx1, y_BxTxD, 0)
 
   def forward(self, x_BxTxD, ctx):
     return self(x_BxTxD, ctx.text_mask_BxT), {}
@@ -229,19 +276,9 @@ class ParallelMLP(nnx.Module):
 # --- registry -----------------------------------------------------------------
 
 
-def _dtype_names(d: dict) -> dict:
-  return {k: jnp.dtype(v).name if k in ("dtype", "param_dtype") else v for k, v in d.items()}
-
-
-def _dataclass_from_dict(cls):
-  def from_dict(d: dict):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"{cls.__name__}: unknown fields {unknown}.")
-    d = {k: jnp.dtype(v) if k in ("dtype", "param_dtype") else v for k, v in d.items()}
-    return cls(**d)
-  return from_dict
+def _from_json(cls) -> Callable[[dict], Any]:
+  """The JSON reader of a plain config class (lngram_jax.dataclass_json)."""
+  return functools.partial(dataclass_json.from_json, cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,10 +303,9 @@ def register(kind: Kind) -> None:
 register(Kind("lngram", "memory", (LngramConfig,), LngramMemory,
               lambda c: c.to_dict(), LngramConfig.from_dict))
 register(Kind("pvm", "ffn", (PVMConfig,), PVMBranch,
-              lambda c: _dtype_names(dataclasses.asdict(c)),
-              _dataclass_from_dict(PVMBranchConfig)))
+              lambda c: c.to_dict(), PVMBranchConfig.from_dict))
 register(Kind("mlp", "ffn", (ParallelMLPConfig,), ParallelMLP,
-              dataclasses.asdict, _dataclass_from_dict(ParallelMLPConfig)))
+              dataclass_json.to_json, _from_json(ParallelMLPConfig)))
 
 
 def kind_of(config) -> Kind:
@@ -304,17 +340,6 @@ def make_branch(config, *, rngs: nnx.Rngs) -> Branch:
   return kind_of(config).module(config, rngs=rngs)
 
 
-def _plain_to_dict(config) -> dict:
-  """A frozen dataclass config as JSON: tuples as lists, dtypes by name."""
-  return {k: list(v) if isinstance(v, tuple) else v
-          for k, v in _dtype_names(dataclasses.asdict(config)).items()}
-
-
-def _plain_from_dict(cls):
-  build = _dataclass_from_dict(cls)
-  return lambda d: build({k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
 def arm_kind(module) -> Kind:
   """The registry entry of a comparison arm (experiments/models/arms/<name>.py).
 
@@ -322,7 +347,7 @@ def arm_kind(module) -> Kind:
   dataclass whose first field is d_model) and MODULE (the branch class).
   """
   return Kind(module.NAME, module.SLOT, (module.CONFIG,), module.MODULE,
-              _plain_to_dict, _plain_from_dict(module.CONFIG))
+              dataclass_json.to_json, _from_json(module.CONFIG))
 
 
 # --- the comparison arms of the Lngram paper ------------------------------------

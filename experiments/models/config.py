@@ -10,38 +10,17 @@ experiment config (experiments/configs/*.py) into an LMConfig.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from typing import Any
 
-import jax.numpy as jnp
-
 from experiments.models import branches
+from experiments.models.layers import rope_inv_freq
+from lngram_jax import dataclass_json
 from lngram_jax.config import READOUTS, SURROGATES
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def _dtype(field: str, value) -> jnp.dtype:
-  if value is None or isinstance(value, (bool, int, float)):
-    raise ValueError(f"LMConfig: {field}={value!r} is not a dtype.")
-  try:
-    dtype = jnp.dtype(value)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"LMConfig: {field}={value!r} is not a dtype.") from e
-  if dtype.name not in _FLOAT_DTYPES:
-    raise ValueError(f"LMConfig: {field}={dtype.name!r} is not one of {_FLOAT_DTYPES}.")
-  return dtype
-
-
-def _finite(name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-    raise ValueError(f"LMConfig: {name}={value!r} must be a finite number.")
-
-
-def _positive(name: str, value) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"LMConfig: {name}={value!r} must be a positive int.")
+_OWNER = "LMConfig"
+# Fields added after runs were saved, with their JSON defaults (see `to_dict`).
+_LATER_FIELDS = {"qkv_bias": False, "qk_norm": False, "rope_scaling": [],
+                 "norm_scale_in_dtype": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +45,14 @@ class LMConfig:
     norm_eps: RMSNorm epsilon.
     init_std: normal init scale; residual output projections use
       init_std / sqrt(2·n_layers).
+    qkv_bias: q, k and v projections carry biases (Qwen2).
+    qk_norm: per-head RMSNorm of q and k over head_dim before RoPE (Qwen3).
+    rope_scaling: () or (name, value) pairs of a RoPE frequency rescaling, e.g.
+      (("rope_type", "llama3"), ("factor", 8.0), ("low_freq_factor", 1.0),
+      ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192)).
+    norm_scale_in_dtype: RMSNorms multiply by their scale after casting back to
+      the input dtype (Hugging Face Llama / Qwen), not before.
+    The last four default off and draw no random numbers (DESIGN.md §11).
   """
 
   d_model: int = 256
@@ -87,18 +74,22 @@ class LMConfig:
   ffn_branch: Any = None
   norm_eps: float = 1e-6
   init_std: float = 0.02
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  rope_scaling: tuple = ()
+  norm_scale_in_dtype: bool = False
 
   def __post_init__(self):
-    object.__setattr__(self, "dtype", _dtype("dtype", self.dtype))
-    object.__setattr__(self, "param_dtype", _dtype("param_dtype", self.param_dtype))
+    for name in ("dtype", "param_dtype"):
+      object.__setattr__(self, name,
+                         dataclass_json.as_float_dtype(_OWNER, name, getattr(self, name)))
     for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                  "max_len", "vocab_size"):
-      _positive(name, getattr(self, name))
+      dataclass_json.check_positive_int(_OWNER, name, getattr(self, name))
     for name in ("rope_theta", "norm_eps", "init_std"):
-      _finite(name, getattr(self, name))
-    for name in ("tie_embeddings", "remat"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"LMConfig: {name}={getattr(self, name)!r} must be a bool.")
+      dataclass_json.check_finite(_OWNER, name, getattr(self, name))
+    for name in ("tie_embeddings", "remat", "qkv_bias", "qk_norm", "norm_scale_in_dtype"):
+      dataclass_json.check_bool(_OWNER, name, getattr(self, name))
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
           f"LMConfig: n_heads={self.n_heads} must be a multiple of "
@@ -111,14 +102,33 @@ class LMConfig:
       raise ValueError(f"LMConfig: norm_eps={self.norm_eps} must be > 0.")
     if self.init_std <= 0:
       raise ValueError(f"LMConfig: init_std={self.init_std} must be > 0.")
+    self._check_rope_scaling()
     for slot, layers_field, config_field in (("memory", "memory_layers", "memory"),
                                              ("ffn", "ffn_branch_layers", "ffn_branch")):
       self._check_slot(slot, layers_field, config_field)
 
+  def _check_rope_scaling(self) -> None:
+    scaling = self.rope_scaling
+    if isinstance(scaling, dict):
+      scaling = tuple(sorted(scaling.items()))
+    if not isinstance(scaling, (tuple, list)) or not all(
+        isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str)
+        for p in scaling):
+      raise ValueError(f"LMConfig: rope_scaling={self.rope_scaling!r} must be () or "
+                       "(name, value) pairs.")
+    scaling = tuple((str(k), v) for k, v in scaling)
+    object.__setattr__(self, "rope_scaling", scaling)
+    if scaling:
+      try:
+        rope_inv_freq(self.head_dim, self.rope_theta, dict(scaling))
+      except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"LMConfig: rope_scaling={dict(scaling)} is not usable: "
+                         f"{e!s}") from None
+
   def _check_slot(self, slot: str, layers_field: str, config_field: str) -> None:
     layers = getattr(self, layers_field)
     if not isinstance(layers, (tuple, list)) or not all(
-        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in layers):
+        dataclass_json.is_int(i) for i in layers):
       raise ValueError(f"LMConfig: {layers_field}={layers!r} must be a tuple of layer "
                        "indices (ints).")
     layers = tuple(int(i) for i in layers)
@@ -147,14 +157,19 @@ class LMConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict:
-    """A JSON-serialisable dict: dtypes as names, branch configs with a "kind"."""
-    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    d["dtype"] = self.dtype.name
-    d["param_dtype"] = self.param_dtype.name
-    for field in ("memory_layers", "ffn_branch_layers"):
-      d[field] = list(d[field])
-    for field in ("memory", "ffn_branch"):
-      d[field] = None if d[field] is None else branches.config_to_dict(d[field])
+    """A JSON-serialisable dict: dtypes as names, branch configs with a "kind".
+
+    The backbone options added for pretrained checkpoints are written only when
+    set, so a config without them writes the JSON it wrote before (saved runs
+    resume against an unchanged config).
+    """
+    d = dataclass_json.to_json(self, **{
+        field: None if getattr(self, field) is None
+        else branches.config_to_dict(getattr(self, field))
+        for field in ("memory", "ffn_branch")})
+    for field, default in _LATER_FIELDS.items():
+      if d[field] == default:
+        del d[field]
     return d
 
   @classmethod
@@ -165,14 +180,9 @@ class LMConfig:
       d["memory_layers"] = d.pop("lngram_layers", ())
       lngram = d.pop("lngram", None)
       d["memory"] = None if lngram is None else {"kind": "lngram", **lngram}
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"LMConfig.from_dict: unknown fields {unknown}.")
-    for field in ("memory", "ffn_branch"):
-      if d.get(field) is not None:
-        d[field] = branches.config_from_dict(d[field])
-    return cls(**d)
+    nested = {field: None if d[field] is None else branches.config_from_dict(d[field])
+              for field in ("memory", "ffn_branch") if field in d}
+    return dataclass_json.from_json(cls, d, owner="LMConfig.from_dict", **nested)
 
 
 def lm_config(config) -> LMConfig:
@@ -185,6 +195,7 @@ def lm_config(config) -> LMConfig:
   data.seq_len against model.max_len.
   """
   m = config.model.to_dict()
+  m["vocab_size"] = m.get("vocab_size") or 256   # 0: the data's (bytes: 256)
   memory = dict(m.pop("memory") or {})
   layers = tuple(m.pop("memory_layers"))
   kind = memory.pop("kind", None)

@@ -21,7 +21,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from lngram_jax import history
 
 
 def sample_logits(logits_BxV, rng, *, temperature=1.0, top_k=None, greedy=False):
@@ -86,10 +89,15 @@ def generate(model, prompt_tokens_BxT, *, prompt_lengths=None, max_new_tokens: i
         f"generate: top_k={top_k} must be in [1, vocab_size={lm_config.vocab_size}].")
   if not greedy and temperature <= 0:
     raise ValueError(f"generate: temperature={temperature} must be > 0 (or greedy=True).")
-  lengths_B = (jnp.full((B,), T, jnp.int32) if prompt_lengths is None
-               else jnp.asarray(prompt_lengths, jnp.int32))
-  if lengths_B.shape != (B,):
-    raise ValueError(f"generate: prompt_lengths must have shape ({B},); got {lengths_B.shape}.")
+  if prompt_lengths is not None and not hasattr(prompt_lengths, "shape"):
+    prompt_lengths = np.asarray(prompt_lengths)
+  if prompt_lengths is not None and tuple(prompt_lengths.shape) != (B,):
+    raise ValueError(f"generate: prompt_lengths must have shape ({B},); got "
+                     f"{tuple(prompt_lengths.shape)}.")
+  # Integers in [1, T] (a VLM's may be 0: its image comes first), checked here
+  # while they are concrete: each row continues after its last real prompt
+  # token, and a length past T would read clipped positions.
+  lengths_B, _ = history.prompt_lengths(B, T, prompt_lengths, minimum=0 if n_prefix else 1)
   graphdef, state = nnx.split(model)
   run = _generate_cached if use_cache else _generate_uncached
   tokens_BxN, logp_BxN = run(

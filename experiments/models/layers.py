@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lngram_jax.norms import rms_norm
@@ -19,12 +20,20 @@ def normal(std: float):
 class RMSNorm(nnx.Module):
   """RMSNorm with a learned scale; statistics in float32 (lngram_jax.rms_norm)."""
 
-  def __init__(self, dim: int, *, eps: float, param_dtype):
+  def __init__(self, dim: int, *, eps: float, param_dtype, scale_in_dtype: bool = False):
     self.eps = eps
+    # Hugging Face Llama / Qwen multiply by the scale after casting the
+    # normalised x back to its dtype; with bf16 that rounds differently.
+    self.scale_in_dtype = scale_in_dtype
     self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
 
   def __call__(self, x_BxTxD):
-    return rms_norm(x_BxTxD, self.scale[...], eps=self.eps)
+    if not self.scale_in_dtype:
+      return rms_norm(x_BxTxD, self.scale[...], eps=self.eps)
+    y_BxTxD = rms_norm(x_BxTxD, None, eps=self.eps)
+    scale_D = self.scale[...]
+    return (scale_D * y_BxTxD.astype(scale_D.dtype)).astype(
+        jnp.promote_types(scale_D.dtype, x_BxTxD.dtype))
 
 
 def segment_positions(segment_ids_BxT) -> jnp.ndarray:
@@ -41,15 +50,45 @@ def segment_positions(segment_ids_BxT) -> jnp.ndarray:
   return t_BxT - jax.lax.cummax(starts_BxT, axis=1)
 
 
-def rope(x_BxTxHxDh, positions_BxT, *, theta: float):
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+  """The Dh/2 inverse frequencies theta^(-2i/Dh), float32, optionally rescaled.
+
+  scaling = {"rope_type": "llama3", "factor", "low_freq_factor",
+  "high_freq_factor", "original_max_position_embeddings"}: Llama 3's rule
+  (transformers `_compute_llama3_parameters`): wavelengths longer than
+  original/low_freq_factor are slowed by `factor`, shorter than
+  original/high_freq_factor kept, and those between blended linearly in
+  original/wavelength. Computed in numpy at build time (a constant).
+  """
+  inv_freq_F = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  inv_freq_F = inv_freq_F.astype(np.float32)
+  if not scaling:
+    return inv_freq_F
+  if scaling.get("rope_type") != "llama3":
+    raise ValueError(f"rope scaling {scaling.get('rope_type')!r} is not supported "
+                     "(supported: 'llama3').")
+  factor = float(scaling["factor"])
+  low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+  old_len = float(scaling["original_max_position_embeddings"])
+  wavelen_F = 2 * np.pi / inv_freq_F
+  scaled_F = np.where(wavelen_F > old_len / low, inv_freq_F / factor, inv_freq_F)
+  smooth_F = (old_len / wavelen_F - low) / (high - low)
+  smoothed_F = (1 - smooth_F) * scaled_F / factor + smooth_F * scaled_F
+  medium_F = ~(wavelen_F < old_len / high) & ~(wavelen_F > old_len / low)
+  return np.where(medium_F, smoothed_F, scaled_F).astype(np.float32)
+
+
+def rope(x_BxTxHxDh, positions_BxT, *, theta: float, inv_freq_F=None):
   """Rotary position embedding (rotate-half form), computed in float32.
 
   Channel i < Dh/2 pairs with channel i + Dh/2 and turns by the angle
-  position · theta^(-2i/Dh).
+  position · theta^(-2i/Dh) (or position · inv_freq_F[i], see `rope_inv_freq`).
+  This is the Hugging Face Llama convention: x·cos + rotate_half(x)·sin.
   """
   Dh = x_BxTxHxDh.shape[-1]
   half = Dh // 2
-  inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / Dh)
+  if inv_freq_F is None:
+    inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / Dh)
   angle_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_F
   sin_BxTx1xF = jnp.sin(angle_BxTxF)[:, :, None, :]
   cos_BxTx1xF = jnp.cos(angle_BxTxF)[:, :, None, :]

@@ -1,47 +1,37 @@
-"""The device mesh a model is traced under (set by the training loop, read by branches).
+"""Where a model's arrays live on a training mesh, and how its Lngram layers split.
 
-`with layout.use(mesh):` makes every Lngram v2 branch traced inside it run its
-sharded form (`lngram_jax.sharding`, route-parallel: tables split by rows over
-`table`, the batch over `data` × `fsdp`, time over `seq`); outside, or on a
-one-device mesh, branches run their ordinary forward. Everything else in the
-model is partitioned by XLA from the shardings of its parameters and batch.
+The mesh is passed explicitly: `BranchContext(mesh=...)` (experiments/models/
+branches.py) makes every Lngram v2 branch of a forward run its sharded form
+(`lngram_jax.sharding`, route-parallel: tables split by rows over `table`, the
+batch over `data` × `fsdp`, time over `seq`); without one, or on a one-device
+mesh, branches run their ordinary forward. Everything else in the model is
+partitioned by XLA from the shardings of its parameters and batch.
+
+`placement_rules(module)` is the model's part of the trainer's placement
+(experiments/trainer/placement.py): memory tables by rows, Lngram layers by
+their own rules (`lngram_jax.sharding.layer_param_spec`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
+from collections.abc import Callable
 
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from lngram_jax.sharding import ShardingConfig
+from lngram_jax.sharding.mesh import layer_param_spec, rows_spec
 
-AXES = ("data", "fsdp", "seq", "table")   # the training mesh's axes, in this order
+# The trainer's mesh axes (experiments/trainer/placement.py AXES) as the layer names them.
 BATCH_AXES = ("data", "fsdp")
 LNGRAM_SHARDING = ShardingConfig(mode="route_parallel", data_axis=BATCH_AXES,
                                  seq_axis="seq", table_axis="table")
 
-_ACTIVE: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("mesh", default=None)
+Rule = Callable[[tuple[str, ...], tuple[int, ...], Mesh], P | None]
 
 
-@contextlib.contextmanager
-def use(mesh: Mesh | None):
-  """Trace models on `mesh` inside this block (None: no mesh)."""
-  token = _ACTIVE.set(mesh)
-  try:
-    yield mesh
-  finally:
-    _ACTIVE.reset(token)
-
-
-def current() -> Mesh | None:
-  """The mesh of the enclosing `use` block, whatever its size (None outside one)."""
-  return _ACTIVE.get()
-
-
-def active() -> Mesh | None:
-  """The mesh of the enclosing `use` block if it has more than one device, else None."""
-  mesh = _ACTIVE.get()
+def sharded(mesh: Mesh | None) -> Mesh | None:
+  """`mesh` if a forward on it runs the sharded branches (more than one device), else None."""
   return mesh if mesh is not None and mesh.size > 1 else None
 
 
@@ -52,3 +42,25 @@ def lngram_paths(module) -> frozenset[tuple[str, ...]]:
   from lngram_jax.layer import LngramV2
   return frozenset(tuple(str(k) for k in path) for path, node in nnx.iter_graph(module)
                    if isinstance(node, LngramV2))
+
+
+def placement_rules(module) -> Rule:
+  """The placement rule of `module`'s parameters: `rule(path, shape, mesh)` -> a
+  PartitionSpec, or None for the trainer's default (fsdp / replicated).
+
+  Lngram v2 layers follow `layer_param_spec` (tables by rows over table and fsdp,
+  the router's columns with their routes); every other memory branch's tables
+  (`.../memory/tables/<j>`, [rows, width]) split by rows the same way.
+  """
+  layers = lngram_paths(module)
+
+  def rule(path, shape, mesh):
+    for layer in layers:
+      if path[:len(layer)] == layer:
+        return layer_param_spec(path[len(layer):], shape, mesh, LNGRAM_SHARDING,
+                                at_rest=("fsdp",))
+    if "memory" in path and len(path) >= 2 and path[-2] == "tables" and len(shape) == 2:
+      return rows_spec(int(shape[0]), mesh, ("table", "fsdp")) or P()
+    return None
+
+  return rule

@@ -21,6 +21,15 @@ never cross a segment boundary, and positions restart at every segment.
 `valid` marks real tokens (padding reads nothing and the Lngram delta is 0
 there). Logits are float32.
 
+`DecoderLM(config, scan=True)` draws the same weights, then stacks each run of
+two or more blocks without a branch into one `Block` whose parameters carry a
+leading layer axis, and runs that run as one `jax.lax.scan` in every mode: a
+program then compiles a few block bodies instead of n_layers (the 28-layer
+efficiency benchmark). `blocks[k]` covers the layers `layer_spans[k]`; the
+cache holds one `LayerCache` per entry, stacked likewise. Parameter paths
+differ from the unrolled model's, so checkpoints and the trainer use
+`scan=False`.
+
 Parameter paths (stable; optimiser groups and trainable masks use them):
 `embed/table`, `blocks/<i>/{memory,attn_norm,attn,mlp_norm,mlp,ffn_branch}/...`
 (Lngram tables at `blocks/<i>/memory/tables/<j>`, its router at
@@ -55,6 +64,11 @@ def _run_branch(branch, mode: Mode, x_BxTxD, ctx, state):
   return branch.decode_step(x_BxTxD, state, ctx)
 
 
+def _norm(c: LMConfig) -> RMSNorm:
+  return RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype,
+                 scale_in_dtype=c.norm_scale_in_dtype)
+
+
 class Block(nnx.Module):
   """One pre-norm decoder block with a memory slot and a beside-FFN slot.
 
@@ -66,12 +80,14 @@ class Block(nnx.Module):
     c = config
     out_std = c.init_std / math.sqrt(2 * c.n_layers)
     self.memory = make_branch(c.memory, rngs=rngs) if layer in c.memory_layers else None
-    self.attn_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
+    self.attn_norm = _norm(c)
     self.attn = Attention(
         d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
         head_dim=c.head_dim, rope_theta=c.rope_theta, dtype=c.dtype,
-        param_dtype=c.param_dtype, init_std=c.init_std, out_std=out_std, rngs=rngs)
-    self.mlp_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
+        param_dtype=c.param_dtype, init_std=c.init_std, out_std=out_std, rngs=rngs,
+        qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, rope_scaling=c.rope_scaling,
+        norm_eps=c.norm_eps, norm_scale_in_dtype=c.norm_scale_in_dtype)
+    self.mlp_norm = _norm(c)
     self.mlp = SwiGLU(c.d_model, c.ffn_dim, dtype=c.dtype, param_dtype=c.param_dtype,
                       init_std=c.init_std, out_std=out_std, rngs=rngs)
     self.ffn_branch = None
@@ -150,16 +166,51 @@ def _parallel_block(block, x_BxTxD, ctx, positions_BxT):
 _parallel_block_remat = nnx.remat(_parallel_block)
 
 
-class DecoderLM(nnx.Module):
-  """Decoder-only Transformer LM over byte tokens, with optional slot branches."""
+def layer_spans(config: LMConfig, scan: bool) -> tuple[tuple[int, int], ...]:
+  """[start, stop) of each entry of `DecoderLM.blocks`: one layer each, or with `scan`
+  every run of two or more layers without a memory or beside-FFN branch as one."""
+  if not scan:
+    return tuple((i, i + 1) for i in range(config.n_layers))
+  branched = set(config.memory_layers) | set(config.ffn_branch_layers)
+  spans, start = [], 0
+  for i in range(config.n_layers + 1):
+    if i == config.n_layers or i in branched:
+      if i > start:
+        spans.append((start, i))
+      if i < config.n_layers:
+        spans.append((i, i + 1))
+      start = i + 1
+  return tuple(spans)
 
-  def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+
+def _stack(blocks) -> Block:
+  """One Block whose every parameter is those of `blocks` stacked on a new axis 0."""
+  splits = [nnx.split(block) for block in blocks]
+  return nnx.merge(splits[0][0], jax.tree.map(lambda *xs: jnp.stack(xs), *(s for _, s in splits)))
+
+
+def _scan(stack: Block, body, carry, xs=None):
+  """`jax.lax.scan` of body(block, carry, x) over the layers of a stacked Block."""
+  graphdef, state = nnx.split(stack)
+  return jax.lax.scan(lambda c, sx: body(nnx.merge(graphdef, sx[0]), c, sx[1]), carry,
+                      (state, xs))
+
+
+class DecoderLM(nnx.Module):
+  """Decoder-only Transformer LM over byte tokens, with optional slot branches.
+
+  `scan=True` runs runs of branch-free blocks as one `lax.scan` over stacked
+  weights (module docstring); the numbers are those of the unrolled model.
+  """
+
+  def __init__(self, config: LMConfig, *, rngs: nnx.Rngs, scan: bool = False):
     c = config
     self.config = config
+    self.layer_spans = layer_spans(c, scan)
     self.embed = Embedding(c.vocab_size, c.d_model, dtype=c.dtype,
                            param_dtype=c.param_dtype, init_std=c.init_std, rngs=rngs)
     self.blocks = nnx.List([Block(c, i, rngs=rngs) for i in range(c.n_layers)])
-    self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype)
+    self.final_norm = _norm(c)
     self.unembed = None if c.tie_embeddings else nnx.Param(
         normal(c.init_std)(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
     # Beside-FFN branches are drawn after the whole backbone, in layer order: the
@@ -168,6 +219,9 @@ class DecoderLM(nnx.Module):
     # PVM / MLP inits equal those of its earlier layout (`branches/<i>`).
     for i in c.ffn_branch_layers:
       self.blocks[i].ffn_branch = nnx.data(make_branch(c.ffn_branch, rngs=rngs))
+    if scan:  # stacked after every draw: the same weights as scan=False
+      self.blocks = nnx.List([self.blocks[a] if b - a == 1 else _stack(self.blocks[a:b])
+                              for a, b in self.layer_spans])
 
   def logits(self, x_BxTxD):
     """Final norm and output projection; float32 logits [B, T, V]."""
@@ -208,14 +262,27 @@ class DecoderLM(nnx.Module):
     positions_BxT = default_positions((B, T), segment_ids, positions)
     ctx = (context or BranchContext()).replace(segment_ids_BxT=segment_ids, valid_BxT=valid)
     run = _parallel_block_remat if self.config.remat else _parallel_block
-    aux = {}
-    for i, block in enumerate(self.blocks):
+
+    def body(block, x_BxTxD, _):
       x_BxTxD, block_aux = run(block, x_BxTxD, ctx, positions_BxT)
-      for key, value in block_aux.items():
-        slot, name = key.split("/", 1)
-        aux[f"{slot}/{i}/{name}"] = value
-      if ctx.probe:
-        aux[f"block/{i}/hidden"] = x_BxTxD
+      return x_BxTxD, (block_aux, x_BxTxD if ctx.probe else None)
+
+    aux = {}
+    for block, (start, stop) in zip(self.blocks, self.layer_spans, strict=True):
+      if stop - start == 1:
+        x_BxTxD, (block_aux, hidden) = body(block, x_BxTxD, None)
+        per_layer = [(start, block_aux, hidden)]
+      else:  # aux and hidden states come stacked over the span's layers
+        x_BxTxD, (block_aux, hidden) = _scan(block, body, x_BxTxD)
+        per_layer = [(i, {k: v[i - start] for k, v in block_aux.items()},
+                      None if hidden is None else hidden[i - start])
+                     for i in range(start, stop)]
+      for i, layer_aux, layer_hidden in per_layer:
+        for key, value in layer_aux.items():
+          slot, name = key.split("/", 1)
+          aux[f"{slot}/{i}/{name}"] = value
+        if ctx.probe:
+          aux[f"block/{i}/hidden"] = layer_hidden
     logits_BxTxV = self.logits(x_BxTxD)
     return (logits_BxTxV, aux) if return_aux else logits_BxTxV
 
@@ -227,8 +294,15 @@ class DecoderLM(nnx.Module):
     if max_len < 1:
       raise ValueError(f"init_cache: max_len={max_len} must be >= 1.")
     ctx = context or BranchContext()
+    layers = []
+    for block, (start, stop) in zip(self.blocks, self.layer_spans, strict=True):
+      layer_cache = block.init_cache(batch, max_len, ctx)
+      if stop - start > 1:
+        layer_cache = jax.tree.map(lambda a, n=stop - start: jnp.zeros((n, *a.shape), a.dtype),
+                                   layer_cache)
+      layers.append(layer_cache)
     return DecodeCache(
-        layers=tuple(block.init_cache(batch, max_len, ctx) for block in self.blocks),
+        layers=tuple(layers),
         index_B=jnp.zeros((batch,), jnp.int32),
         position_B=jnp.zeros((batch,), jnp.int32),
         key_ok_BxS=jnp.zeros((batch, max_len), bool))
@@ -264,10 +338,16 @@ class DecoderLM(nnx.Module):
       key_ok_BxT = key_ok_BxT & (segment_ids == segment_ids[rows_B, last_B][:, None])
     ctx = (context or BranchContext()).replace(
         segment_ids_BxT=segment_ids, valid_BxT=valid_BxT, lengths_B=lengths_B)
+
+    def body(block, x_BxTxD, _):
+      return block(x_BxTxD, ctx, mode="prefill", positions_BxT=positions_BxT,
+                   cache_len=cache_len)
+
     layers = []
-    for block in self.blocks:
-      x_BxTxD, layer_cache = block(x_BxTxD, ctx, mode="prefill", positions_BxT=positions_BxT,
-                                   cache_len=cache_len)
+    for block, (start, stop) in zip(self.blocks, self.layer_spans, strict=True):
+      # A span's caches come out of the scan stacked over its layers.
+      x_BxTxD, layer_cache = (body(block, x_BxTxD, None) if stop - start == 1
+                              else _scan(block, body, x_BxTxD))
       layers.append(layer_cache)
     cache = DecodeCache(
         layers=tuple(layers),
@@ -286,11 +366,31 @@ class DecoderLM(nnx.Module):
     key_ok_BxS = cache.key_ok_BxS.at[rows_B, cache.index_B].set(True)
     ctx = (context or BranchContext()).replace(tokens_BxT=tokens_Bx1)
     x_Bx1xD = self.embed(tokens_Bx1)
+
+    def step(block, x_Bx1xD, layer_cache):
+      return block(x_Bx1xD, ctx, mode="decode", positions_BxT=cache.position_B[:, None],
+                   cache=layer_cache, index_B=cache.index_B, key_ok_BxS=key_ok_BxS)
+
+    def body(block, carry, i):
+      # Layer i of a span reads and writes its slice of the stacked K/V cache
+      # ([span layers, B, S, Hkv, Dh]), which the scan carries (updated in place)
+      # instead of emitting a new stack per token.
+      x_Bx1xD, k_stack, v_stack = carry
+      x_Bx1xD, layer_cache = step(block, x_Bx1xD, LayerCache(k_BxSxHkvxDh=k_stack[i],
+                                                             v_BxSxHkvxDh=v_stack[i]))
+      return (x_Bx1xD, k_stack.at[i].set(layer_cache.k_BxSxHkvxDh),
+              v_stack.at[i].set(layer_cache.v_BxSxHkvxDh)), None
+
     layers = []
-    for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-      x_Bx1xD, layer_cache = block(x_Bx1xD, ctx, mode="decode",
-                                   positions_BxT=cache.position_B[:, None], cache=layer_cache,
-                                   index_B=cache.index_B, key_ok_BxS=key_ok_BxS)
+    for block, (start, stop), layer_cache in zip(self.blocks, self.layer_spans, cache.layers,
+                                                 strict=True):
+      if stop - start == 1:
+        x_Bx1xD, layer_cache = step(block, x_Bx1xD, layer_cache)
+      else:
+        (x_Bx1xD, k, v), _ = _scan(block, body, (x_Bx1xD, layer_cache.k_BxSxHkvxDh,
+                                                 layer_cache.v_BxSxHkvxDh),
+                                   jnp.arange(stop - start, dtype=jnp.int32))
+        layer_cache = LayerCache(k_BxSxHkvxDh=k, v_BxSxHkvxDh=v)
       layers.append(layer_cache)
     new_cache = DecodeCache(layers=tuple(layers), index_B=cache.index_B + 1,
                             position_B=cache.position_B + 1, key_ok_BxS=key_ok_BxS)
@@ -316,7 +416,7 @@ def liven_lngram(model: DecoderLM, *, key: int, w_o_std: float, conv_std: float)
   benchmarks that need the branch to do real work call this; layer i draws
   from jax.random.key(key + i).
   """
-  for i, block in enumerate(model.blocks):
+  for block, (i, _) in zip(model.blocks, model.layer_spans, strict=True):
     if isinstance(block.memory, LngramV2):
       k1, k2 = jax.random.split(jax.random.key(key + i))
       block.memory.w_o[...] = w_o_std * jax.random.normal(k1, block.memory.w_o.shape)

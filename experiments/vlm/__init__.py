@@ -4,12 +4,11 @@ PVM: "Persistent Visual Memory: Sustaining Perception for Deep Generation in
 LVLMs", arXiv 2605.00814. Modules: `config` (VLMConfig, vlm_config), `model`
 (ViT encoder, projector, the DecoderLM of experiments.models with the branch in
 its beside-FFN slot), `data` (emoji-scene batches, the resumable SceneSampler),
-`train` (stage 0 / Stage I loss hooks, trainable masks, loading an earlier
-stage), `cell_loss` (the stage-0 per-cell class head), `grpo` (Stage II hooks),
+`cell_loss` (the stage-0 per-cell class head), `grpo` (Stage II hooks),
 `analysis` / `grounding` (attention decay, accuracy by length, LogitLens,
-grounding probe), `run` (a stage as a task of the one training loop,
-experiments/train/loop.py). Configs: experiments/configs/vlm_*.py; the command
-line is `lngram-exp` (train, analyze).
+grounding probe), `run` (the scenes of a run and `analyze`). The stages are
+tasks of the trainer: experiments/tasks/vlm.py and vlm_loss.py. Configs:
+experiments/configs/vlm_*.py; the command line is `lngram-exp` (train, analyze).
 """
 
 from experiments.vlm.config import VLMConfig

@@ -12,7 +12,6 @@ token t (sequence position Nv + prompt_len + t - 1).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.analysis import output
 from experiments.models.generate import completion_mask, generate
 from experiments.vlm.data import EOS, LENGTH_GROUPS, decode, item_correct, length_group
 from pvm_jax.data.rewards import accuracy_reward, reward
@@ -195,14 +195,12 @@ def logit_lens(model, data, *, n: int = 16, max_new_tokens: int = 96,
 
 
 def write_json_png(run_dir, name: str, result: dict) -> Path:
-  """<run_dir>/<name>.json and a PNG plot of the result."""
+  """<run_dir>/<name>.json and a PNG plot of the result, each written atomically."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   run_dir = Path(run_dir)
-  run_dir.mkdir(parents=True, exist_ok=True)
-  (run_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
   fig, ax = plt.subplots(figsize=(6, 4))
   if "layers" in result and isinstance(result["layers"], dict):
     t = np.asarray(result["t"])
@@ -231,6 +229,6 @@ def write_json_png(run_dir, name: str, result: dict) -> Path:
     ax.set_ylabel("KL(final || layer)")
   ax.legend(fontsize=6) if ax.get_legend_handles_labels()[0] else None
   fig.tight_layout()
-  fig.savefig(run_dir / f"{name}.png", dpi=100)
+  output.atomic_write(run_dir / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
   plt.close(fig)
-  return run_dir / f"{name}.json"
+  return output.write_json(run_dir / f"{name}.json", result, allow_nan=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from experiments.models import branches
 from experiments.models.config import LMConfig, lm_config
+from lngram_jax import dataclass_json
 from pvm_jax.config import PVMConfig
 from pvm_jax.layers import select_layers
 from pvm_jax.module import param_count
@@ -130,25 +131,19 @@ class VLMConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict:
-    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    d["lm"] = self.lm.to_dict()
-    d["image_hw"] = list(self.image_hw)
-    d["branch_layers"] = list(self.branch_layers)
-    if self.pvm is not None:
-      d["pvm"] = branches.KINDS["pvm"].to_dict(self.pvm)
-    return d
+    """A JSON-serialisable dict: the LM's and PVM's configs nested as their own dicts."""
+    return dataclass_json.to_json(self)
 
   @classmethod
   def from_dict(cls, d: dict) -> VLMConfig:
-    d = dict(d)
-    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-      raise ValueError(f"VLMConfig.from_dict: unknown fields {unknown}.")
-    d["lm"] = LMConfig.from_dict(d["lm"])
+    """Inverse of `to_dict`; unknown fields are an error, not silently dropped."""
+    nested = {"lm": LMConfig.from_dict(d["lm"])} if "lm" in d else {}
     if d.get("pvm") is not None:
-      p = branches.KINDS["pvm"].from_dict(d["pvm"])   # a PVMBranchConfig
-      d["pvm"] = PVMConfig(**{f.name: getattr(p, f.name) for f in dataclasses.fields(PVMConfig)})
-    return cls(**d)
+      # Read as the branch config (a saved "source" key is accepted), kept as PVMConfig.
+      p = branches.PVMBranchConfig.from_dict(d["pvm"])
+      nested["pvm"] = PVMConfig(**{f.name: getattr(p, f.name)
+                                   for f in dataclasses.fields(PVMConfig)})
+    return dataclass_json.from_json(cls, d, owner="VLMConfig.from_dict", **nested)
 
 
 def vlm_config(config) -> VLMConfig:

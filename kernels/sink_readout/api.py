@@ -34,6 +34,7 @@ from kernels.sink_readout.common import (
 from kernels.sink_readout.reference import (
     sink_readout_reference,
     sink_readout_reference_bwd,
+    stat_dtype,
 )
 
 
@@ -51,8 +52,9 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
 
   Args:
     q_BTxHqxDr: queries, BT tokens of Hq heads of width Dr.
-    mem_BTxRxDr: each token's R memory tokens (same dtype as q).
-    sink_logit: the sink logit b0, a float or a float32 scalar (it may be
+    mem_BTxRxDr: each token's R memory tokens (same dtype as q): float32,
+      bfloat16 or float16, and also float64 for implementation="xla".
+    sink_logit: the sink logit b0, a float or a scalar (it may be
       traced; its gradient is Σ σ0·(dlse - dout·out) with σ0 the sink mass).
     scale: score scale, s = scale·q·mem (a Python float: it is compiled in).
     implementation: "xla", "triton", "mosaic_tpu" or None (by platform).
@@ -61,16 +63,20 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
     backward: "pallas" (the backward kernel) or "xla" (VJP of the reference).
 
   Returns:
-    out_BTxHqxDr in q's dtype and lse_BTxHq in float32, the log-sum-exp over
+    out_BTxHqxDr in q's dtype and lse_BTxHq in float32 (float64 for float64
+    inputs), the log-sum-exp over
     {sink, routes}: the route mass is 1 - exp(b0 - lse).
   """
-  check_inputs(q_BTxHqxDr, mem_BTxRxDr)
   impl = default_implementation() if implementation is None else implementation
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"sink_readout: implementation={impl!r} is not one of {IMPLEMENTATIONS}.")
+  check_inputs(q_BTxHqxDr, mem_BTxRxDr, allow_float64=impl == "xla")
   if backward not in BACKWARDS:
     raise ValueError(f"sink_readout: backward={backward!r} is not one of {BACKWARDS}.")
-  sink_logit, scale = jnp.asarray(sink_logit, jnp.float32), float(scale)
+  # b0 in the statistics dtype: float32 for the kernels, float64 on the xla path
+  # for float64 inputs (a float32 b0 would round the whole readout to ~1e-7).
+  sink_logit = jnp.asarray(sink_logit, stat_dtype(q_BTxHqxDr.dtype))
+  scale = float(scale)
   if sink_logit.shape:
     raise ValueError(f"sink_readout: sink_logit must be a scalar; got shape {sink_logit.shape}.")
   if impl == "xla":

@@ -92,8 +92,11 @@ def sink_logit_cotangent(sink_logit, out_xHxDr, lse_xH, dout_xHxDr, dlse_xH):
   return jnp.sum(sink_mass_xH * (dlse_xH.astype(jnp.float32) - delta_xH))
 
 
-def check_inputs(q_BTxHqxDr, mem_BTxRxDr) -> None:
-  """Shape and dtype checks of the public entry point, with named values."""
+def check_inputs(q_BTxHqxDr, mem_BTxRxDr, *, allow_float64: bool = False) -> None:
+  """Shape and dtype checks of the public entry point, with named values.
+
+  allow_float64: the XLA path computes in any float dtype; the kernels do not.
+  """
   if q_BTxHqxDr.ndim != 3:
     raise ValueError(f"sink_readout: q must be [BT, Hq, Dr]; got shape {tuple(q_BTxHqxDr.shape)}.")
   if mem_BTxRxDr.ndim != 3:
@@ -107,9 +110,12 @@ def check_inputs(q_BTxHqxDr, mem_BTxRxDr) -> None:
         f"on BT and Dr ({BT=}, {n_mem=}, {Dr=}, {d_mem=}).")
   if min(BT, Hq, R, Dr) < 1:
     raise ValueError(f"sink_readout: empty input ({BT=}, {Hq=}, {R=}, {Dr=}).")
+  allowed = (jnp.float32, jnp.bfloat16, jnp.float16) + ((jnp.float64,) if allow_float64 else ())
+  names = "float32, bfloat16, float16 or float64" if allow_float64 else (
+      "float32, bfloat16 or float16 (float64 only with implementation='xla')")
   for name, x in (("q", q_BTxHqxDr), ("mem", mem_BTxRxDr)):
-    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-      raise TypeError(f"sink_readout: {name} dtype {x.dtype} must be float32, bfloat16 or float16.")
+    if x.dtype not in allowed:
+      raise TypeError(f"sink_readout: {name} dtype {x.dtype} must be {names}.")
   if q_BTxHqxDr.dtype != mem_BTxRxDr.dtype:
     raise TypeError(
         f"sink_readout: q dtype {q_BTxHqxDr.dtype} must equal mem dtype {mem_BTxRxDr.dtype}.")

@@ -48,14 +48,14 @@ def vary_over(x, axes: tuple[str, ...]):
   return jax.lax.pcast(x, tuple(axes), to="varying") if axes else x
 
 
-def ngram_lookup_shard(table_local_VsxDm, logits_BxTxRxM, *, order: int, bits: int,
+def ngram_lookup_shard(table_local_ElxDm, logits_BxTxRxM, *, order: int, bits: int,
                        table_axis: str | None, vary_axes: tuple[str, ...] = (),
                        segment_ids=None, valid=None, surrogate: str = "onebit",
                        tau: float = 1.0, scale: float = 1.0):
   """Inside `shard_map`: the generic lookup of one order, psum'd over `table_axis`.
 
   Args:
-    table_local_VsxDm: this shard's block of rows, V/S = (R/S)·C^n.
+    table_local_ElxDm: this shard's block of rows, El = E / shards = (R / shards)·C^n rows.
     logits_BxTxRxM: router logits of ALL routes (replicated over `table_axis`).
     table_axis: the mesh axis the rows are split over, or None (unsharded).
     vary_axes: mesh axes the logits vary over but the table does not (data, seq).
@@ -66,9 +66,9 @@ def ngram_lookup_shard(table_local_VsxDm, logits_BxTxRxM, *, order: int, bits: i
   """
   kwargs = dict(order=order, bits=bits, segment_ids=segment_ids, valid=valid,
                 surrogate=surrogate, tau=tau, scale=scale)
-  table_local_VsxDm = vary_over(table_local_VsxDm, vary_axes)
+  table_local_ElxDm = vary_over(table_local_ElxDm, vary_axes)
   if table_axis is None:
-    return ngram_lookup(table_local_VsxDm, logits_BxTxRxM, **kwargs)
+    return ngram_lookup(table_local_ElxDm, logits_BxTxRxM, **kwargs)
   B, T, R, _ = logits_BxTxRxM.shape
   shards = jax.lax.axis_size(table_axis)
   if R % shards:
@@ -78,8 +78,8 @@ def ngram_lookup_shard(table_local_VsxDm, logits_BxTxRxM, *, order: int, bits: i
   Rs = R // shards
   first_route = jax.lax.axis_index(table_axis) * Rs
   logits_own = jax.lax.dynamic_slice_in_dim(logits_BxTxRxM, first_route, Rs, axis=2)
-  mem_own_BxTxRsxDm = ngram_lookup(table_local_VsxDm, logits_own, **kwargs)
-  Dm = table_local_VsxDm.shape[1]
+  mem_own_BxTxRsxDm = ngram_lookup(table_local_ElxDm, logits_own, **kwargs)
+  Dm = table_local_ElxDm.shape[1]
   # Rows of the other shards' routes are zero here; the psum fills them in.
   mem_BxTxRxDm = jax.lax.dynamic_update_slice_in_dim(
       jnp.zeros((B, T, R, Dm), mem_own_BxTxRsxDm.dtype), mem_own_BxTxRsxDm,
@@ -99,7 +99,7 @@ def sharded_ngram_lookup(table_ExDm, logits_BxTxRxM, *, mesh, order: int, bits: 
   Returns mem_BxTxRxDm sharded as [data, seq, -, -].
   """
   s = sharding or ShardingConfig(mode="generic")
-  checks.check_rank("table", table_ExDm, 2, "[V, Dm]")
+  checks.check_rank("table", table_ExDm, 2, "[E, Dm]")
   checks.check_rank("logits", logits_BxTxRxM, 4, "[B, T, R, M]")
   B, T, R, _ = logits_BxTxRxM.shape
   shards = axis_size(mesh, s.table_axis)

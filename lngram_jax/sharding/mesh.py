@@ -25,6 +25,7 @@ Two forms of the layer (DESIGN.md §2, sharding):
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -34,6 +35,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lngram_jax.config import LngramConfig
+
+log = logging.getLogger(__name__)
 
 ShardingMode = Literal["generic", "route_parallel"]
 MODES: tuple[str, ...] = get_args(ShardingMode)
@@ -138,21 +141,57 @@ def router_spec(mesh: Mesh, sharding: ShardingConfig) -> P:
   return P()
 
 
-def layer_param_specs(params: dict, mesh: Mesh, sharding: ShardingConfig) -> dict:
-  """PartitionSpecs for a pure-dict state of `LngramV2` (same tree structure).
+def rows_spec(rows: int, mesh: Mesh, axes: Sequence[str]) -> P | None:
+  """A [rows, ...] table split by rows over `axes` (those of size > 1 in `mesh`), or,
+  when their product does not divide `rows`, over the first alone, then the others;
+  None when nothing divides (the table stays whole on every device)."""
+  axes = [a for a in axes if axis_size(mesh, a) > 1]
+  for group in (axes, axes[:1], axes[1:]):
+    if group and rows % int(np.prod([axis_size(mesh, a) for a in group])) == 0:
+      return P(tuple(group) if len(group) > 1 else group[0], None)
+  return None
 
-  Tables and (route-parallel) the router are sharded; the dense projections,
-  norms and conv are small and replicated.
+
+def layer_param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh,
+                     sharding: ShardingConfig, *,
+                     at_rest: Sequence[str] | None = None) -> P | None:
+  """Where one `LngramV2` parameter lives on `mesh`; `path` is its key path inside the
+  layer (("tables", "0"), ("router_w",), ...).
+
+  Tables: rows over the table axis (each shard owns whole routes); router: columns
+  over table in the route-parallel form; every other parameter: None (dense and
+  small: replicated by `layer_param_specs`, the caller's rule otherwise).
+
+  `at_rest=None` gives the layout the shard_map body reads (`layer_param_specs`).
+  `at_rest=(axis, ...)` gives where the parameter is stored between steps on a
+  training mesh: tables split over those axes too when the rows allow (e.g. fsdp; a
+  shard is gathered where it is used), replicated with a warning when nothing
+  divides; axes of size 1 are left out.
   """
+  table = sharding.table_axis
+  if path[0] == "tables":
+    if at_rest is None:
+      return table_spec(mesh, sharding)
+    spec = rows_spec(int(shape[0]), mesh, (table, *at_rest))
+    if spec is None and axis_size(mesh, table) > 1:
+      log.warning("mesh: %s has %d rows, not a multiple of the '%s' axis size %d; "
+                  "replicated.", "/".join(path), shape[0], table, axis_size(mesh, table))
+    return spec or P()
+  if path[0] == "router_w":
+    if at_rest is not None and axis_size(mesh, table) == 1:
+      return P()
+    return router_spec(mesh, sharding)
+  return None
+
+
+def layer_param_specs(params: dict, mesh: Mesh, sharding: ShardingConfig) -> dict:
+  """PartitionSpecs for a pure-dict state of `LngramV2` (same tree structure), by
+  `layer_param_spec`: tables and (route-parallel) the router are sharded; the dense
+  projections, norms and conv are small and replicated."""
 
   def spec(path, leaf):
-    del leaf
-    name = path[0].key
-    if name == "tables":
-      return table_spec(mesh, sharding)
-    if name == "router_w":
-      return router_spec(mesh, sharding)
-    return P()
+    keys = tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return layer_param_spec(keys, leaf.shape, mesh, sharding) or P()
 
   return jax.tree_util.tree_map_with_path(spec, params)
 

@@ -1,6 +1,11 @@
-"""Checkpoints: corrupt or truncated steps fall back to the previous valid one; digests."""
+"""Checkpoints: corrupt or truncated steps fall back to the previous valid one; digests;
+steps deleted while read (a running `train`) are skipped; restoring has no side effects."""
 
 import gc
+import os
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -10,14 +15,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.checkpoint import (
-    CheckpointError,
-    CorruptCheckpointError,
-    restore,
-    run_checkpointer,
-    tree_digests,
+from experiments.tasks.restore import restore
+from experiments.trainer.checkpoint import (
+  Checkpointer,
+  CheckpointError,
+  CorruptCheckpointError,
+  MissingStepError,
+  run_checkpointer,
 )
-from lngram_jax.checkpoint import leaf_digest
+from experiments.trainer.digests import leaf_digest, tree_digests
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _largest_file(directory: Path) -> Path:
@@ -106,8 +114,6 @@ def test_async_save_of_sharded_arrays_survives_donation(tmp_path):
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from lngram_jax.checkpoint import Checkpointer
-
   mesh = Mesh(np.asarray(jax.devices()[:4]), ("x",))
   sharding = NamedSharding(mesh, P("x"))
   table = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), sharding)
@@ -126,3 +132,162 @@ def test_async_save_of_sharded_arrays_survives_donation(tmp_path):
     restored = ckpt.restore_step(1, abstract_params=abstract)
   np.testing.assert_array_equal(np.asarray(restored["params"]["table"]), want)
   assert restored["params"]["table"].sharding == sharding
+
+
+def test_a_flipped_byte_in_a_shard_is_caught_on_another_mesh(tmp_path):
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  table = np.random.default_rng(1).normal(size=(1024, 16)).astype(np.float32)   # the largest file
+  eight = NamedSharding(Mesh(np.asarray(jax.devices()[:8]), ("x",)), P("x"))
+  with Checkpointer(tmp_path, async_save=False) as ckpt:
+    ckpt.save(1, params={"table": jax.device_put(table, eight)})
+  target = _largest_file(tmp_path / "1" / "params")
+  data = bytearray(target.read_bytes())
+  data[len(data) // 2] ^= 0x08
+  target.write_bytes(bytes(data))
+  four = NamedSharding(Mesh(np.asarray(jax.devices()[:4]), ("x",)), P("x"))
+  abstract = {"table": jax.ShapeDtypeStruct(table.shape, table.dtype, sharding=four)}
+  with Checkpointer(tmp_path, create=False) as ckpt, pytest.raises(CorruptCheckpointError,
+                                                                    match="step 1 .*digest"):
+    ckpt.restore_step(1, abstract_params=abstract)
+
+
+# --- a step deleted while it is read (retention by a running `train`) ---------------------
+
+
+def _steps_deleted_during_the_first_read(monkeypatch, ckpt, *, saved: tuple, deleted: tuple):
+  """On orbax's first restore, what a `train` saving next to us does: new steps appear
+  (copies of the newest), old ones go; then the read runs on the vanished files."""
+  real = ckpt._manager.restore
+  calls = []
+
+  def restore(step, *args, **kwargs):
+    if not calls:
+      newest = ckpt.directory / str(max(ckpt.all_steps()))
+      for new in saved:
+        shutil.copytree(newest, ckpt.directory / str(new))
+      for old in deleted:
+        shutil.rmtree(ckpt.directory / str(old))
+    calls.append(step)
+    return real(step, *args, **kwargs)
+
+  monkeypatch.setattr(ckpt._manager, "restore", restore)
+  return calls
+
+
+def test_a_step_deleted_while_read_is_skipped_not_called_corrupt(tmp_path, monkeypatch,
+                                                                   caplog):
+  want = np.arange(6, dtype=np.float32)
+  with Checkpointer(tmp_path, async_save=False, max_to_keep=None) as ckpt:
+    for step in (2, 4):
+      ckpt.save(step, params={"w": want})
+  abstract = {"w": jax.ShapeDtypeStruct((6,), jnp.float32)}
+  for quarantine in (False, True):
+    for step in (2, 4, 6, 8):
+      shutil.rmtree(tmp_path / str(step), ignore_errors=True)
+    with Checkpointer(tmp_path, async_save=False, max_to_keep=None) as ckpt:
+      for step in (2, 4):
+        ckpt.save(step, params={"w": want})
+    with Checkpointer(tmp_path, create=False, async_save=False) as ckpt:
+      calls = _steps_deleted_during_the_first_read(monkeypatch, ckpt, saved=(6, 8),
+                                                   deleted=(2, 4))
+      with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no "unreadable ... trying the previous" warning
+        with caplog.at_level("WARNING", logger="experiments"):
+          restored = ckpt.restore_latest_valid(abstract_params=abstract, quarantine=quarantine)
+    assert restored["step"] == 8 and calls == [4, 8]
+    np.testing.assert_array_equal(np.asarray(restored["params"]["w"]), want)
+    assert "step 4" in caplog.text and "deleted while it was read" in caplog.text
+    assert not list(tmp_path.glob("*.corrupt*"))   # never quarantined
+    caplog.clear()
+
+
+def test_a_config_deleted_while_read_is_skipped(tmp_path, monkeypatch):
+  with Checkpointer(tmp_path, async_save=False, max_to_keep=None) as ckpt:
+    for step in (2, 4):
+      ckpt.save(step, params={"w": np.ones(2, np.float32)}, config={"at": step})
+  with Checkpointer(tmp_path, create=False, async_save=False) as ckpt:
+    _steps_deleted_during_the_first_read(monkeypatch, ckpt, saved=(6,), deleted=(2, 4))
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      assert ckpt.newest_readable_config() == (6, {"at": 4})
+    assert ckpt.unreadable_configs == {}
+
+
+def test_restore_while_train_deletes_the_step_uses_the_newest_readable(smoke_run_copy,
+                                                                       monkeypatch):
+  """`eval`/`restore` next to a `train` saving every 2 steps with max_to_keep=2: the
+  step being read is deleted (and a newer one saved) mid-read."""
+  workdir, _ = smoke_run_copy
+  real_init = Checkpointer.__init__
+
+  def init(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    real = self._manager.restore
+
+    def restore_(step, *a, **k):
+      if step == 2 and "params" in k["args"].keys():
+        shutil.copytree(self.directory / "2", self.directory / "4")
+        shutil.rmtree(self.directory / "1")
+        shutil.rmtree(self.directory / "2")
+      return real(step, *a, **k)
+
+    self._manager.restore = restore_
+
+  monkeypatch.setattr(Checkpointer, "__init__", init)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    _, config = restore(workdir)
+  assert config.restored_step == 4
+  with pytest.raises(MissingStepError, match=r"no checkpoint step 2 .*have \[4\]"):
+    restore(workdir, step=2)
+
+
+# --- restoring changes nothing outside the call ------------------------------------------
+
+
+def test_restore_leaves_hooks_loggers_and_the_run_directory_alone(smoke_run_copy):
+  """A notebook's `restore()`, even one that falls back past a corrupt step, keeps the
+  process's hooks and root logger as they were and writes nothing into the run."""
+  workdir, _ = smoke_run_copy
+  target = _largest_file(workdir / "checkpoints" / "2" / "params")
+  data = bytearray(target.read_bytes())
+  data[len(data) // 2] ^= 0x40
+  target.write_bytes(bytes(data))
+  before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*")}
+  code = f"""
+import logging, sys, threading, warnings
+hooks = (sys.excepthook, threading.excepthook, sys.unraisablehook)
+from experiments import restore
+assert logging.root.handlers == [], ("import", logging.root.handlers)
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  model, config = restore({str(workdir)!r})
+assert config.restored_step == 1 and any("step 2" in str(w.message) for w in caught)
+assert (sys.excepthook, threading.excepthook, sys.unraisablehook) == hooks, "hooks changed"
+assert logging.root.handlers == [], ("restore", logging.root.handlers)
+logging.basicConfig(level=logging.INFO, format="user: %(message)s")
+logging.getLogger("mine").info("hello")
+"""
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "user: hello" in done.stderr   # the user's own logging setup took effect
+  assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*")} == before
+  assert not (workdir / "checkpoints.log").exists()
+
+
+# The abandoned reads' never-awaited coroutines, as in the truncated-files test above.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_restore_writes_failure_details_only_to_a_named_file(smoke_run_copy, tmp_path):
+  workdir, _ = smoke_run_copy
+  target = _largest_file(workdir / "checkpoints" / "2" / "params")
+  target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+  details = tmp_path / "details.log"
+  with pytest.warns(RuntimeWarning, match=r"step 2 .*details in .*details\.log"):
+    _, config = restore(workdir, log_file=details)
+  assert config.restored_step == 1
+  assert "step 2" in details.read_text() and "Traceback" in details.read_text()
+  assert not (workdir / "checkpoints.log").exists()
+  gc.collect()

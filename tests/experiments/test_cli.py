@@ -54,8 +54,8 @@ def test_train_eval_sample_on_a_folder(tmp_path):
              "--greedy")
   assert out.returncode == 0, out.stderr[-3000:]
   # The command prints what the library's greedy sampler gives for the restored run.
-  from experiments.checkpoint import restore
-  from experiments.train.evaluate import sample_text
+  from experiments.tasks.restore import restore
+  from experiments.tasks.sample import sample_text
 
   model, _ = restore(workdir)
   [expected] = sample_text(model, ["line "], max_new_tokens=6, greedy=True)
@@ -65,9 +65,9 @@ def test_train_eval_sample_on_a_folder(tmp_path):
 def test_lm_commands_on_a_vlm_run_say_so(tmp_path):
   from flax import nnx
 
-  from experiments.checkpoint import run_checkpointer
   from experiments.configs import load_config
-  from experiments.train import saved_config
+  from experiments.tasks import saved_config
+  from experiments.trainer.checkpoint import run_checkpointer
   from experiments.vlm.config import vlm_config
   from experiments.vlm.model import VLM
 
@@ -80,3 +80,31 @@ def test_lm_commands_on_a_vlm_run_say_so(tmp_path):
     out = _cli(command, f"--workdir={tmp_path}")
     assert out.returncode == 2, out.stderr[-3000:]
     assert "is an LM command" in out.stderr and "lngram-exp analyze" in out.stderr
+
+
+def test_help_into_a_closed_pipe_prints_no_traceback():
+  """`lngram-exp --help | head -1`: the reader leaves before the help is written."""
+  import os
+  import subprocess
+  import sys
+
+  from cli_runner import ROOT
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.Popen([sys.executable, "-m", "experiments", "--help"], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdout.close()   # long before the child has started Python
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=300) == 1 and "Traceback" not in err, err
+
+
+def test_main_in_process_leaves_logging_as_it_was(tmp_path, capsys):
+  """A command run in-process (a notebook, a test) puts the loggers and warnings back."""
+  import logging
+  import warnings
+
+  from experiments import cli
+  ours = logging.getLogger("experiments")
+  before = (list(ours.handlers), ours.level, ours.propagate, warnings.formatwarning)
+  assert cli.run_main(["lngram-exp", "eval", f"--workdir={tmp_path}"]) == 2
+  assert (list(ours.handlers), ours.level, ours.propagate, warnings.formatwarning) == before
+  assert capsys.readouterr().err.startswith("error: ")

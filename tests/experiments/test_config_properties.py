@@ -14,10 +14,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from experiments import cli  # noqa: E402
-from experiments.configs import load_config  # noqa: E402
 from experiments.models.config import lm_config  # noqa: E402
-from experiments.train.task import check_experiment_config  # noqa: E402
+from experiments.overrides import config_from_command_line  # noqa: E402
+from experiments.tasks.checks import check_experiment_config  # noqa: E402
 from lngram_jax.config import LngramConfig  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -85,9 +84,8 @@ def _forward(model_config):
 @SETTINGS
 @given(overrides())
 def test_cli_overrides_build_or_name_the_field(drawn):
-  config = load_config("experiments/configs/lm_lngram.py:smoke")
   try:
-    cli.apply_overrides(config, drawn)
+    config = config_from_command_line("experiments/configs/lm_lngram.py:smoke", drawn)
     check_experiment_config(config)
     model_config = lm_config(config)
   except ValueError as e:
@@ -181,3 +179,110 @@ def test_lm_config_builds_or_names_the_field(fields):
   for name in ("rope_theta", "norm_eps", "init_std"):
     assert math.isfinite(getattr(config, name)), (name, config)
   _forward(config)
+
+
+# --- the layer's and decode's inputs: shapes, dtypes, masks, lengths, NaN at padding ---
+
+LAYER = LngramConfig(d_model=8, routes=2, bits=2, orders=(1, 2), mem_dim=4, q_heads=2,
+                     kv_heads=1, head_dim=4)
+INPUT_SETTINGS = settings(max_examples=30, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+
+
+def _live_layer():
+  import jax
+  from flax import nnx
+
+  from lngram_jax.layer import LngramV2
+  layer = LngramV2(LAYER, rngs=nnx.Rngs(0))
+  k1, k2 = jax.random.split(jax.random.key(5))
+  layer.w_o[...] = 0.5 * jax.random.normal(k1, layer.w_o.shape)
+  layer.conv_kernel[...] = 0.5 * jax.random.normal(k2, layer.conv_kernel.shape)
+  return layer
+
+
+# Faults a draw may carry (at most one), and the input its error must name.
+FAULTS = {"B=0": "h", "T=0": "h", "width": "h", "int h": "h", "list h": "h",
+          "length > T": "lengths", "length < 0": "lengths", "float lengths": "lengths",
+          "lengths shape": "lengths", "valid of 2s": "valid", "valid shape": "valid"}
+
+
+@st.composite
+def layer_inputs(draw):
+  """A right-padded prompt h [B, T, 8] with lengths and a mask, maybe with one fault."""
+  import numpy as np
+  fault = draw(st.sampled_from([None] * 6 + sorted(FAULTS)))
+  B, T = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 4, 6]))
+  dtype = draw(st.sampled_from(["float32", "bfloat16"]))
+  lengths = draw(st.one_of(st.none(), st.lists(st.integers(0, T), min_size=B, max_size=B)))
+  valid_kind = draw(st.sampled_from(["none", "bool", "int01"]))
+  nan_at_padding = draw(st.booleans())
+  B = 0 if fault == "B=0" else B
+  T = 0 if fault == "T=0" else T
+  if fault in ("B=0", "T=0"):
+    lengths = None
+  h = np.random.default_rng(draw(st.integers(0, 3))).standard_normal(
+      (B, T, 5 if fault == "width" else 8)).astype("int32" if fault == "int h" else dtype)
+  t_T = np.arange(T)
+  counts = lengths if lengths is not None else [T] * B
+  valid = {"none": None, "bool": t_T[None] < np.asarray(counts).reshape(-1, 1),
+           "int01": (t_T[None] < np.asarray(counts).reshape(-1, 1)).astype(np.int32)
+           }[valid_kind]
+  if fault in ("length > T", "length < 0", "float lengths", "lengths shape"):
+    lengths = {"length > T": [T + 1] * B, "length < 0": [-1] * B,
+               "float lengths": [float(T)] * B, "lengths shape": [T] * (B + 1)}[fault]
+  if fault == "valid of 2s":
+    valid = np.full((B, T), 2, np.int32)
+  if fault == "valid shape":
+    valid = np.ones((B, T + 1), bool)
+  return dict(h=h.tolist() if fault == "list h" else h, lengths=lengths, valid=valid,
+              nan_at_padding=nan_at_padding, fault=fault)
+
+
+def _first_field(message: str) -> str:
+  """The field an input error starts with: "h must ...", "lengths=[..] must ..."."""
+  return message.split()[0].split("=")[0]
+
+
+@INPUT_SETTINGS
+@given(layer_inputs())
+def test_layer_and_prefill_inputs_run_or_name_the_field(drawn):
+  """A faulty draw raises a ValueError / TypeError whose message starts with the
+  input at fault (never a ZeroDivisionError, AttributeError or an error from
+  inside jax); a sound one runs: finite, zero at padding, equal to the layer,
+  unchanged by NaN at padding, and one decode step continues it."""
+  import numpy as np
+
+  from lngram_jax.decode import lngram_decode_step, prefill_decode_state
+  h, lengths, valid, fault = drawn["h"], drawn["lengths"], drawn["valid"], drawn["fault"]
+  layer = _live_layer()
+  if fault is not None:
+    with pytest.raises((ValueError, TypeError)) as e:
+      prefill_decode_state(layer, h, lengths=lengths, valid=valid)
+    assert _first_field(str(e.value)) == FAULTS[fault], (fault, str(e.value))
+    if FAULTS[fault] != "lengths":   # the layer itself refuses the same inputs
+      with pytest.raises((ValueError, TypeError)) as e_layer:
+        layer(h, valid=valid)
+      assert _first_field(str(e_layer.value)) == FAULTS[fault], (fault, str(e_layer.value))
+    return
+  B, T = h.shape[:2]
+  y, state = prefill_decode_state(layer, h, lengths=lengths, valid=valid)
+  mask = (np.asarray(valid).astype(bool) if valid is not None
+          else np.arange(T)[None] < np.asarray(lengths if lengths is not None else [T] * B)
+          .reshape(-1, 1))
+  assert bool(jnp.isfinite(y).all())
+  np.testing.assert_array_equal(np.asarray(y, np.float32)[~mask], 0.0)
+  np.testing.assert_array_equal(y, layer(jnp.asarray(h), valid=jnp.asarray(mask)))
+  if drawn["nan_at_padding"] and not mask.all():
+    h_nan = np.where(mask[..., None], h, np.nan).astype(h.dtype)
+    y_nan, state_nan = prefill_decode_state(layer, h_nan, lengths=lengths, valid=valid)
+    np.testing.assert_array_equal(y_nan, y)
+    for a, b in zip(jax_leaves(state_nan), jax_leaves(state), strict=True):
+      np.testing.assert_array_equal(a, b)
+  y_next, _ = lngram_decode_step(layer, jnp.ones((B, 1, 8), h.dtype), state)
+  assert y_next.shape == (B, 1, 8) and bool(jnp.isfinite(y_next).all())
+
+
+def jax_leaves(tree):
+  import jax
+  return jax.tree_util.tree_leaves(tree)

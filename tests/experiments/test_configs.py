@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from experiments.configs import CONFIG_DIR, config_files, load_config, purpose
+from experiments.configs import CONFIG_DIR, LATER_FIELDS, config_files, load_config, purpose
 from experiments.models.config import LMConfig, lm_config
 from experiments.vlm.config import VLMConfig, vlm_config
 from lngram_jax.config import SURROGATES
@@ -56,8 +56,8 @@ def test_config_file_loads_and_converts(name):
 def test_config_modules_are_leaves(path):
   """Config files and shared defaults import only ml_collections and each other."""
   allowed = {"ml_collections", "experiments.configs", "__future__"}
-  if path.name == "__init__.py":   # the CLI's loaders: the standard library only
-    allowed = {"ast", "importlib.util", "pathlib", "__future__"}
+  if path.name == "__init__.py":   # the loaders: the standard library, and base's LATER_FIELDS
+    allowed = {"ast", "importlib.util", "pathlib", "__future__", "experiments.configs.base"}
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Import):
       names = [a.name for a in node.names]
@@ -156,3 +156,33 @@ def test_vlm_conversion_errors_name_the_key(tmp_path):
       {"layers": {"0": {"mass": [0.1, 0.1]}, "1": {"mass": [0.3, 0.2]}}}))
   config.vlm.branch.visual_mass_from = str(tmp_path)
   assert vlm_config(config).branch_layers == (1,)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_run_control_fields_are_in_every_config_with_their_later_default(name):
+  """The fields the loop reads (once added by the command line) are ordinary config
+  fields, so `--config.<field>=` overrides them; LATER_FIELDS holds their defaults."""
+  config = _load(name)
+  for field, default in LATER_FIELDS.items():
+    block, key = field.split(".")
+    assert key in config[block], (name, field)
+    assert config[block][key] == default, (name, field)
+
+
+def test_a_run_saved_before_the_later_fields_resumes():
+  """A checkpoint whose saved config predates LATER_FIELDS resumes with their defaults;
+  another value of such a field is still a change."""
+  from experiments.tasks.checks import check_resume_config
+  from experiments.trainer.errors import ConfigMismatchError
+  wanted = {"kind": "lm", "model": {}, "experiment": _load("lm_lngram.py", "smoke").to_dict()}
+  old = json.loads(json.dumps(wanted["experiment"], default=list))
+  for field in LATER_FIELDS:
+    block, key = field.split(".")
+    del old[block][key]
+  saved = {"kind": "lm", "model": {}, "experiment": old}
+  check_resume_config("run", saved, wanted, False, LATER_FIELDS)
+  with pytest.raises(ConfigMismatchError, match="optim.state_dtype"):
+    check_resume_config("run", saved, wanted, False, {})   # without the defaults: a change
+  wanted["experiment"]["optim"]["state_dtype"] = "bfloat16"
+  with pytest.raises(ConfigMismatchError, match=r"optim\.state_dtype: '<absent>' -> 'bfloat16'"):
+    check_resume_config("run", saved, wanted, False, LATER_FIELDS)

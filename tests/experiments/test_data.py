@@ -1,6 +1,7 @@
 """Data: stable split, packing with segment ids, deterministic and resumable batches."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -205,3 +206,70 @@ def test_corpus_spec_from_an_experiment_config(tmp_path):
   config.data.path = str(tmp_path)
   assert corpus_spec(config) == CorpusSpec(source="folder", path=str(tmp_path),
                                            val_fraction=0.2, max_files=3)
+
+
+# --- a resumed run refuses a changed corpus ---------------------------------------------------
+
+
+def _folder(root, n=12):
+  (root / "sub").mkdir(parents=True)
+  for i in range(n):
+    (root / "sub" / f"f{i}.txt").write_text(f"def f{i}(x):\n  return x + {i}\n" * (i + 20))
+  return root
+
+
+def test_a_changed_corpus_is_refused_on_resume_naming_what_changed(tmp_path):
+  from experiments.data import CorpusChangedError, record_manifest
+  spec = CorpusSpec(source="folder", path=str(_folder(tmp_path / "texts")), val_fraction=0.2)
+  run = tmp_path / "run"
+  record_manifest(load_corpus(spec), run)
+  # Before the first checkpoint there is nothing to resume: a new corpus is just recorded.
+  (tmp_path / "texts" / "sub" / "f0.txt").write_text("edited before any step")
+  record_manifest(load_corpus(spec), run)
+  (run / "checkpoints" / "4").mkdir(parents=True)
+  before = (run / "corpus_manifest.json").read_text()
+  record_manifest(load_corpus(spec), run)   # the same corpus resumes quietly
+  assert (run / "corpus_manifest.json").read_text() == before
+
+  texts = tmp_path / "texts" / "sub"
+  (texts / "f1.txt").write_text("edited")
+  (texts / "f2.txt").unlink()
+  (texts / "new.txt").write_text("added " * 50)
+  with pytest.raises(CorpusChangedError) as refused:
+    record_manifest(load_corpus(spec), run)
+  message = str(refused.value)
+  assert "\n" not in message and "data.allow_corpus_change" in message and "step 4" in message
+  for what, name in (("added", "new.txt"), ("removed", "f2.txt"), ("edited", "f1.txt")):
+    assert re.search(rf"\d file\(s\) {what} \([^)]*sub/{name}", message), (what, message)
+  assert (run / "corpus_manifest.json").read_text() == before   # the record is kept
+
+  record_manifest(load_corpus(spec), run, allow_change=True)
+  assert (run / "corpus_manifest.4.json").read_text() == before
+  assert json.loads((run / "corpus_manifest.json").read_text()) == load_corpus(spec).manifest
+
+
+@pytest.mark.slow
+def test_train_refuses_a_changed_corpus_and_keeps_both_manifests_when_allowed(tmp_path):
+  """`lngram-exp train` on data.path=F, F edited, the same command: one `error:` line and
+  exit 2; with --config.data.allow_corpus_change=true it resumes and both manifests stay."""
+  from cli_runner import run_cli
+  texts = _folder(tmp_path / "texts")
+  workdir = tmp_path / "run"
+  command = ["train", "--config=experiments/configs/lm_baseline.py:smoke",
+             f"--workdir={workdir}", f"--config.data.path={texts}", "--config.data.val_fraction=0.3",
+             "--config.train.steps=2", "--config.train.ckpt_every=2",
+             "--config.train.eval_every=2", "--config.train.progress=False"]
+  first = run_cli(*command)
+  assert first.returncode == 0, first.stderr[-3000:]
+  manifest = (workdir / "corpus_manifest.json").read_text()
+  (texts / "sub" / "f3.txt").write_text("one edited file")
+  refused = run_cli(*command)
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "1 file(s) edited (sub/f3.txt)" in errors[0], refused.stderr
+  assert (workdir / "corpus_manifest.json").read_text() == manifest
+  allowed = run_cli(*command, "--config.data.allow_corpus_change=true")
+  assert allowed.returncode == 0, allowed.stderr[-3000:]
+  assert (workdir / "corpus_manifest.2.json").read_text() == manifest
+  assert json.loads((workdir / "corpus_manifest.json").read_text())["files"] != json.loads(
+      manifest)["files"]

@@ -166,6 +166,21 @@ def test_generate_rejects_bad_arguments(model):
     generate(model, tokens, max_new_tokens=2, rng=jax.random.key(0), temperature=0.0)
 
 
+@pytest.mark.parametrize("lengths, error, match", [
+    ([20, 20], ValueError, rf"lengths=\[20, 20\] must be in \[1, T={T_PROMPT}\]"),
+    ([0, 3], ValueError, rf"lengths=\[0, 3\] must be in \[1, T={T_PROMPT}\]"),
+    ([-2, 3], ValueError, "must be in"),
+    ([2.5, 3.0], TypeError, "must be integers"),
+    ([3], ValueError, r"prompt_lengths must have shape \(2,\)"),
+])
+def test_generate_refuses_impossible_prompt_lengths(model, lengths, error, match):
+  """A length past the prompt read its last token from a clipped position: the
+  continuation was silently wrong. Every row must have a real last token."""
+  tokens = jnp.zeros((2, T_PROMPT), jnp.int32)
+  with pytest.raises(error, match=match):
+    generate(model, tokens, prompt_lengths=lengths, max_new_tokens=2, rng=jax.random.key(0))
+
+
 def test_generate_returns_logp_of_the_drawn_tokens(model):
   """logp[i] = log_softmax(logits at the step that drew token i)[token i], both paths."""
   tokens = jax.random.randint(jax.random.key(8), (2, T_PROMPT), 0, 256, dtype=jnp.int32)

@@ -19,20 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from experiments.checkpoint import (
-  CheckpointError,
-  CorruptCheckpointError,
-  restore,
-  run_checkpointer,
-)
-from experiments.checkpoint.lock import OTHER_HOST_STALE_S, WorkdirLock
-from lngram_jax.checkpoint import (
+from experiments.tasks.restore import restore
+from experiments.trainer.checkpoint import (
   Checkpointer,
+  CheckpointError,
   CheckpointSaveError,
   ConfigMismatchError,
+  CorruptCheckpointError,
   MissingStepError,
   WorkdirLockedError,
+  run_checkpointer,
 )
+from experiments.trainer.lock import OTHER_HOST_STALE_S, AnalysisLock, WorkdirLock
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = "experiments/configs/lm_lngram.py:smoke"
@@ -65,8 +63,8 @@ def _cli(*args, **kwargs):
 
 def test_corrupt_newest_step_is_moved_aside_then_saved_again(smoke_run, smoke_run_copy,
                                                              smoke_config):
-  from experiments.train import train
-  from experiments.train.evaluate import evaluate_run
+  from experiments.tasks import run_train as train
+  from experiments.tasks.evaluate import evaluate_run
 
   reference, _ = smoke_run
   workdir, _ = smoke_run_copy
@@ -102,7 +100,7 @@ def test_move_aside_never_overwrites(tmp_path):
 
 def test_workdir_of_another_model_is_refused_before_reading_arrays(smoke_run_copy, monkeypatch):
   from experiments.configs import load_config
-  from experiments.train import train
+  from experiments.tasks import run_train as train
 
   workdir, _ = smoke_run_copy
 
@@ -121,7 +119,7 @@ def test_workdir_of_another_model_is_refused_before_reading_arrays(smoke_run_cop
 
 
 def test_changed_schedule_is_refused_unless_allowed(smoke_run_copy, smoke_config, caplog):
-  from experiments.train import train
+  from experiments.tasks import run_train as train
 
   workdir, _ = smoke_run_copy
   config = smoke_config(steps=3, ckpt_every=1, eval_every=3)
@@ -152,14 +150,17 @@ def test_restore_names_the_step_it_used(smoke_run_copy):
   assert len(caught) == 1   # orbax's own warnings and logging stay off the terminal
 
 
-def test_loop_noise_during_a_failing_read_stays_off_the_terminal(smoke_run_copy):
+def test_loop_noise_during_a_failing_read_stays_off_the_terminal(smoke_run_copy, tmp_path):
   # tensorstore's threads can print "Event loop is closed" (PyErr_Print ->
   # sys.excepthook) while the failing read is still unwinding; a filter
   # installed only after the failure let those tracebacks reach the terminal.
-  # A fresh process, so no earlier read has installed the filter already.
+  # The CLI's main holds the filter for the whole command; a fresh process.
   workdir, _ = smoke_run_copy
+  log = tmp_path / "noise.log"
   code = ("import sys, threading\n"
-          "from experiments.checkpoint import CorruptCheckpointError, run_checkpointer\n"
+          "from pathlib import Path\n"
+          "from experiments.trainer.checkpoint import CorruptCheckpointError, run_checkpointer\n"
+          "from experiments.cli.shutdown import cli_noise_filter\n"
           f"ckpt = run_checkpointer({str(workdir)!r})\n"
           "def restore(*args, **kwargs):\n"
           "  def report():\n"
@@ -170,50 +171,51 @@ def test_loop_noise_during_a_failing_read_stays_off_the_terminal(smoke_run_copy)
           "  worker = threading.Thread(target=report); worker.start(); worker.join()\n"
           "  raise OSError('simulated unreadable step')\n"
           "ckpt._manager.restore = restore\n"
-          "try:\n"
-          "  ckpt.read_json(2, 'meta')\n"
-          "except CorruptCheckpointError as e:\n"
-          "  print('refused:', e)\n")
+          f"with cli_noise_filter(Path({str(log)!r})):\n"
+          "  try:\n"
+          "    ckpt.read_json(2, 'meta')\n"
+          "  except CorruptCheckpointError as e:\n"
+          "    print('refused:', e)\n")
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith("refused: checkpoint step 2"), done.stdout
   assert "Event loop" not in done.stderr and "Traceback" not in done.stderr, done.stderr
-  assert "Event loop is closed" in (workdir / "checkpoints.log").read_text()
+  assert "Event loop is closed" in log.read_text()
+  assert not (workdir / "checkpoints.log").exists()   # a reader writes nothing into the run
 
 
 @pytest.mark.slow
 def test_eval_on_a_damaged_newest_step_prints_a_few_lines(smoke_run_copy):
   workdir, _ = smoke_run_copy
   _truncate(workdir / "checkpoints" / "2")
-  code = ("import warnings; warnings.formatwarning = lambda m, c, *a, **k: f'warning: {m}\\n'\n"
-          "from experiments.train.evaluate import evaluate_checkpoint\n"
-          f"metrics, step = evaluate_checkpoint({str(workdir)!r})\n"
-          "print('step', step, metrics['eval/bits_per_byte'])\n")
-  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+  before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*")}
+  done = _cli("eval", f"--workdir={workdir}", timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
-  assert done.stdout.startswith("step 1 ")
+  assert "eval/bits_per_byte" in done.stdout
   lines = [line for line in done.stderr.splitlines() if line.strip()]
   assert len(lines) <= 3, done.stderr
   assert "Traceback" not in done.stderr and "Event loop" not in done.stderr
   warning = [line for line in lines if "step 2" in line]
   assert len(warning) == 1 and "step 1" in warning[0]
-  detail = (workdir / "checkpoints.log").read_text()
-  assert "step 2" in detail and "Traceback" in detail
+  assert any(line.startswith("checkpoint step 1 of") for line in lines), done.stderr
+  # A read-only command: nothing written into the run (no checkpoints.log).
+  assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*")} == before
 
 
 def test_late_event_loop_reports_stay_off_the_terminal(tmp_path):
   """After a failed read, orbax's abandoned asyncio work may report "Event loop is
   closed" late, through an unraisable exception, an uncaught thread exception,
-  asyncio's logger or sys.excepthook: all go to the log file, and other errors
-  still show."""
-  log = tmp_path / "checkpoints.log"
+  asyncio's logger or sys.excepthook: within the CLI's filter all go to the log
+  file, other errors still show, and the hooks are the process's own again after it."""
+  log = tmp_path / "noise.log"
   code = f"""
-import logging, threading
+import logging, sys, threading
 from pathlib import Path
-from lngram_jax.checkpoint import _filter_late_asyncio_noise
-_filter_late_asyncio_noise(Path({str(log)!r}))
+from experiments.cli.shutdown import cli_noise_filter
+
+hooks = (sys.excepthook, threading.excepthook, sys.unraisablehook)
+filters = list(logging.getLogger("asyncio").filters)
 
 def closed():
   raise RuntimeError("Event loop is closed")
@@ -221,23 +223,24 @@ def closed():
 def other():
   raise ValueError("a real bug")
 
-for target in (closed, other):
-  thread = threading.Thread(target=target)
-  thread.start()
-  thread.join()
-logging.getLogger("asyncio").error("Exception in callback", exc_info=(
-    RuntimeError, RuntimeError("Event loop is closed"), None))
-
 class Finalised:
   def __del__(self):
     closed()
 
-Finalised()
-import sys
-try:   # what PyErr_Print does for a failed callback on a C++ thread
-  closed()
-except RuntimeError:
-  sys.excepthook(*sys.exc_info())
+with cli_noise_filter(Path({str(log)!r})):
+  for target in (closed, other):
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+  logging.getLogger("asyncio").error("Exception in callback", exc_info=(
+      RuntimeError, RuntimeError("Event loop is closed"), None))
+  Finalised()
+  try:   # what PyErr_Print does for a failed callback on a C++ thread
+    closed()
+  except RuntimeError:
+    sys.excepthook(*sys.exc_info())
+assert (sys.excepthook, threading.excepthook, sys.unraisablehook) == hooks, "hooks kept"
+assert logging.getLogger("asyncio").filters == filters, "asyncio filter kept"
 print("done")
 """
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -246,6 +249,127 @@ print("done")
   assert "Event loop" not in done.stderr, done.stderr
   assert "ValueError: a real bug" in done.stderr
   assert log.read_text().count("late asyncio report") == 4
+
+
+def test_library_code_sets_no_process_wide_hooks():
+  """Only the CLI's scoped filter (experiments/cli/shutdown.py) may touch the
+  interpreter's hooks; no library module patches them or ends the process."""
+  allowed = {REPO / "experiments" / "cli" / "shutdown.py"}
+  words = ("sys.excepthook =", "threading.excepthook =", "sys.unraisablehook =", "os._exit(")
+  offenders = []
+  for package in ("lngram_jax", "pvm_jax", "kernels", "experiments"):
+    for path in (REPO / package).rglob("*.py"):
+      if path in allowed or "bench" in path.parts:
+        continue
+      text = path.read_text()
+      offenders += [f"{path.relative_to(REPO)}: {w}" for w in words if w in text]
+  assert not offenders, offenders
+
+
+# --- Ctrl-C in a read-only command: 130, one line, no traceback, no crash ----------------
+
+
+_PROGRESS = re.compile(r"^(\d\d:\d\d:\d\d |records\[|\[\w+\] )")
+
+
+def _cli_child(args):
+  return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "experiments", *args],
+                          cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _interrupted_cli(args, fractions):
+  """SIGINT to `lngram-exp *args` at each fraction in turn of the time an uninterrupted
+  run takes (the shortest seen: later runs may compile less), until one lands before
+  the command is done; its (returncode, stderr), or None if every one came too late."""
+  start = time.perf_counter()
+  out, err = _cli_child(args).communicate(timeout=600)
+  assert out.strip(), err[-3000:]
+  took = time.perf_counter() - start
+  for fraction in fractions:
+    start = time.perf_counter()
+    child = _cli_child(args)
+    time.sleep(fraction * took)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=300)
+    if out.strip():   # the command had finished (it prints its results last): try earlier
+      took = min(took, time.perf_counter() - start)
+      continue
+    return child.returncode, err
+  return None
+
+
+def _assert_interrupted_cleanly(result):
+  assert result is not None, "every command finished before it could be interrupted"
+  returncode, stderr = result
+  assert returncode == 130, (returncode, stderr[-3000:])   # -11: crashed at exit
+  assert "Traceback" not in stderr and "Fatal Python error" not in stderr, stderr[-3000:]
+  lines = [line for line in stderr.splitlines() if line.strip() and not _PROGRESS.match(line)]
+  assert len(lines) <= 2 and lines[-1] == "interrupted", stderr[-3000:]
+
+
+def test_ctrl_c_during_eval_exits_130_in_one_line(smoke_run):
+  workdir, _ = smoke_run
+  for fractions in ((0.8, 0.6, 0.5), (0.4, 0.25, 0.15, 0.1)):   # evaluating, and restoring or importing
+    _assert_interrupted_cleanly(_interrupted_cli(("eval", f"--workdir={workdir}"), fractions))
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_analyze_exits_130_in_one_line(smoke_run_copy):
+  workdir, _ = smoke_run_copy
+  _assert_interrupted_cleanly(_interrupted_cli(("analyze", f"--workdir={workdir}"),
+                                               (0.7, 0.5, 0.3, 0.2)))
+
+
+def test_ctrl_c_waits_for_imports_and_compiles_and_is_never_swallowed(tmp_path):
+  """Ctrl-C inside an import (a half-initialised jaxlib module crashed the exit) or an
+  XLA compile (it ran on in XLA's threads and crashed the exit) is delivered once that
+  is done; inside a gc callback (jax runs one) Python would report it as "Exception
+  ignored" and go on: it is delivered again."""
+  (tmp_path / "slow_module.py").write_text(
+      "import signal, time\nsignal.raise_signal(signal.SIGINT)\ntime.sleep(0.3)\n"
+      "COMPLETE = True\n")
+  code = """
+import gc, signal, sys, time
+from experiments.cli.shutdown import cli_noise_filter, run_interruptible
+
+case, done = sys.argv[1], []
+
+def backend_compile_and_load():   # named as jax's call into the XLA compiler
+  signal.raise_signal(signal.SIGINT)
+  time.sleep(0.3)
+  done.append("compiled")
+
+def callback(phase, info):
+  if phase == "start" and not done:
+    done.append("gc")
+    raise KeyboardInterrupt   # what SIGINT does when it lands in a gc callback
+
+def command():
+  if case == "import":
+    import slow_module
+    done.append("imported" if slow_module.COMPLETE else "half")
+  elif case == "compile":
+    backend_compile_and_load()
+  else:
+    gc.callbacks.append(callback)
+    gc.collect()
+    gc.callbacks.remove(callback)
+  for _ in range(300):
+    time.sleep(0.01)
+  print("ran on")
+  return 0
+
+with cli_noise_filter():
+  status = run_interruptible(command)
+print(status, done)
+"""
+  for case, finished in (("import", "imported"), ("compile", "compiled"), ("gc", "gc")):
+    done = subprocess.run([sys.executable, "-c", code, case], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
+    assert done.stdout == f"130 [{finished!r}]\n", (case, done.stdout, done.stderr)
+    assert done.stderr == "interrupted\n", (case, done.stderr)
 
 
 # --- 4. the workdir lock -----------------------------------------------------------------
@@ -278,6 +402,19 @@ def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path, caplog):
   _write_lock(tmp_path, 1, "elsewhere", age_s=OTHER_HOST_STALE_S + 60)
   with WorkdirLock(tmp_path):
     pass
+
+
+def test_analysis_lock_is_exclusive_and_separate_from_the_training_lock(tmp_path):
+  with WorkdirLock(tmp_path), AnalysisLock(tmp_path):   # analyze may read a training run
+    with pytest.raises(WorkdirLockedError, match=rf"another analyze \(pid {os.getpid()}"):
+      AnalysisLock(tmp_path).acquire()
+  assert not (tmp_path / ".analyze.lock").exists() and not (tmp_path / ".lock").exists()
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  (tmp_path / ".analyze.lock").write_text(json.dumps(
+      {"pid": dead.pid, "host": socket.gethostname(), "started": 0, "started_at": "then"}))
+  with AnalysisLock(tmp_path) as lock:   # a stale one is taken over
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
 
 
 @pytest.mark.slow
@@ -316,7 +453,7 @@ def test_second_training_in_the_same_workdir_exits_2(tmp_path):
 
 
 def test_failed_save_is_clear_and_keeps_the_previous_step(tmp_path, smoke_config, monkeypatch):
-  from experiments.train import train
+  from experiments.tasks import run_train as train
 
   workdir = tmp_path / "run"
   real_save = Checkpointer.save
@@ -430,6 +567,38 @@ def test_read_only_workdir_is_refused_up_front(smoke_run_copy):
   assert run_checkpointer(workdir, create=False).all_steps() == [1, 2]
 
 
+@pytest.mark.slow
+def test_eval_while_train_saves_every_two_steps_always_finds_a_step(tmp_path):
+  """A `train` saving every 2 steps and keeping 2 deletes steps while `eval` reads them;
+  each `eval` still ends with the newest readable step (tests/experiments/
+  test_checkpoint.py forces the deletion mid-read deterministically)."""
+  workdir = tmp_path / "run"
+  trainer = subprocess.Popen(
+      [sys.executable, "-m", "experiments", "train", f"--config={SMOKE}", f"--workdir={workdir}",
+       "--config.train.steps=100000", "--config.train.ckpt_every=2",
+       "--config.train.max_to_keep=2", "--config.train.eval_every=100000",
+       "--config.train.progress=False"],
+      cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 180
+    while not (workdir / "checkpoints").is_dir() or len(
+        [p for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]) < 2:
+      assert trainer.poll() is None and time.time() < deadline, "the training never saved"
+      time.sleep(0.2)
+    steps = []
+    for _ in range(4):
+      done = _cli("eval", f"--workdir={workdir}", timeout=300)
+      assert done.returncode == 0, done.stderr[-3000:]
+      assert "unreadable" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+      steps.append(int(re.search(r"checkpoint step (\d+) of", done.stderr).group(1)))
+    assert steps == sorted(steps) and trainer.poll() is None   # it ran alongside throughout
+  finally:
+    trainer.send_signal(signal.SIGTERM)
+    trainer.wait(timeout=120)
+  assert not list((workdir / "checkpoints").glob("*.corrupt*"))
+
+
 # --- 6. a missing step is missing, not corrupt ---------------------------------------------
 
 
@@ -446,8 +615,8 @@ def test_missing_step_is_not_called_corrupt(smoke_run):
 
 @pytest.mark.slow
 def test_kill_9_during_a_save_then_resume_is_bit_identical(tmp_path, smoke_config):
-  from experiments.train import train
-  from experiments.train.evaluate import evaluate_run
+  from experiments.tasks import run_train as train
+  from experiments.tasks.evaluate import evaluate_run
 
   steps = 12
   config = smoke_config(steps=steps, ckpt_every=1, eval_every=steps, max_to_keep=3)

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.checkpoint import restore
-from experiments.train import train
-from experiments.train.evaluate import evaluate_run
-from experiments.train.insertion import InitFromError, insert_into
-from experiments.train.lm_task import lm_task
+from experiments.tasks import run_train
+from experiments.tasks.evaluate import evaluate_run
+from experiments.tasks.init_from import InitFromError, insert_into
+from experiments.tasks.lm import lm_task
+from experiments.tasks.restore import restore
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def baseline_run(tmp_path_factory):
   """A 2-step memory-free smoke run (the model memory is inserted into)."""
   from conftest import smoke_config
   workdir = tmp_path_factory.mktemp("baseline")
-  train(smoke_config("lm_baseline", steps=2, ckpt_every=2, eval_every=2), workdir)
+  run_train(smoke_config("lm_baseline", steps=2, ckpt_every=2, eval_every=2), workdir)
   return workdir
 
 
@@ -51,7 +51,7 @@ def _get(tree, path):
 def test_trains_with_its_own_optimiser_and_restores(baseline_run, smoke_config, tmp_path):
   config = smoke_config("lm_lngram", steps=2, ckpt_every=2, eval_every=2)
   config.init_from = str(baseline_run)
-  result = train(config, tmp_path / "run")
+  result = run_train(config, tmp_path / "run")
   assert result["step"] == 2
   model, saved = restore(tmp_path / "run")
   assert saved.init_from == str(baseline_run) and model.config.memory_layers == (1,)

@@ -1,9 +1,10 @@
 """The Table 12 efficiency benchmark: its JSON, its row parsing, and that it times the real decode.
 
 The smoke run is the whole benchmark at tiny shapes (two rows, two prefill
-lengths, one round); the equivalence test checks that the scanned model's
-cached decode is the uncached forward (and that the scanned forward is the
-repository's DecoderLM), so the timed path computes what the model computes.
+lengths, one round); the equivalence test checks that the timed functions of
+the scanned model (cached prefill and greedy decode) are the uncached forward
+and the unrolled DecoderLM's, so the timed path computes what the model
+computes. The scan option itself: tests/experiments/test_lm_scan.py.
 """
 
 import json
@@ -15,6 +16,7 @@ import pytest
 
 from experiments.bench import lm_efficiency as bench
 from experiments.bench import scan_lm
+from experiments.models.lm import layer_spans
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +88,9 @@ def test_row_names_use_the_lm_lngram_parser_over_the_paper_defaults():
   assert 2 * tables == pytest.approx(2 * 64 * (256 + 4096) * 128)
   with pytest.raises(ValueError, match="unknown config arg"):
     scan_lm.lngram_config("r16/q4", 2048)
-  assert scan_lm.segments(28, (1, 13)) == (("dense", 0, 1), ("memory", 1), ("dense", 2, 13),
-                                         ("memory", 13), ("dense", 14, 28))
-  assert scan_lm.segments(4, ()) == (("dense", 0, 4),)
+  # The paper-shape model compiles five block bodies: 3 dense scans, 2 memory blocks.
+  assert layer_spans(scan_lm.lm_config("r64/m4/KV8"), scan=True) == (
+      (0, 1), (1, 2), (2, 13), (13, 14), (14, 28))
 
 
 def test_unknown_row_is_refused():
@@ -97,27 +99,33 @@ def test_unknown_row_is_refused():
 
 
 def test_cached_decode_is_the_uncached_forward_and_scan_is_the_decoder():
-  cfg = scan_lm.lm_config("r64/m4/KV8", smoke=True, max_len=32, overrides={"dtype": "float32"})
-  lm = scan_lm.build_lm(cfg)
-  model = scan_lm.ScanLM(lm)
-  params = model.params
+  cfg = scan_lm.lm_config("r64/m4/KV8", smoke=True, max_len=32, overrides={
+      "dtype": "float32", "n_layers": 7, "memory_layers": (1, 5)})
+  scanned, unrolled = (scan_lm.build_lm(cfg, scan=scan) for scan in (True, False))
+  assert scanned.layer_spans == ((0, 1), (1, 2), (2, 5), (5, 6), (6, 7))
   T, N = 10, 5
   prompt = jnp.asarray(np.random.default_rng(0).integers(1, 256, (2, T)), jnp.int32)
-  last_BxV, cache = jax.jit(model.prefill, static_argnums=2)(params, prompt, T + N)
-  first_B = jnp.argmax(last_BxV, axis=-1).astype(jnp.int32)
-  tokens_BxN, logits_NxBxV, _ = jax.jit(model.decode, static_argnums=3)(
-      params, cache, first_B, N)
-  # The uncached forward over prompt + the fed tokens: the logits at position
-  # T-1+i are those of decode step i's input; greedy picks the same tokens.
-  fed_BxN = jnp.concatenate([first_B[:, None], tokens_BxN[:, :-1]], axis=1)
-  full_BxSxV = jax.jit(model.forward)(params, jnp.concatenate([prompt, fed_BxN], axis=1))
-  np.testing.assert_allclose(last_BxV, full_BxSxV[:, T - 1], atol=2e-4, rtol=2e-4)
-  np.testing.assert_allclose(jnp.swapaxes(logits_NxBxV, 0, 1), full_BxSxV[:, T:],
-                             atol=2e-4, rtol=2e-4)
-  np.testing.assert_array_equal(tokens_BxN, jnp.argmax(full_BxSxV[:, T:], axis=-1))
+  outputs = {}
+  for name, lm in (("scan", scanned), ("loop", unrolled)):
+    model = scan_lm.PureLM(lm)
+    params = model.params
+    last_BxV, cache = jax.jit(model.prefill, static_argnums=2)(params, prompt, T + N)
+    first_B = jnp.argmax(last_BxV, axis=-1).astype(jnp.int32)
+    tokens_BxN, logits_NxBxV, _ = jax.jit(model.decode, static_argnums=3)(
+        params, cache, first_B, N)
+    # The uncached forward over prompt + the fed tokens: the logits at position
+    # T-1+i are those of decode step i's input; greedy picks the same tokens.
+    fed_BxN = jnp.concatenate([first_B[:, None], tokens_BxN[:, :-1]], axis=1)
+    full_BxSxV = jax.jit(model.forward)(params, jnp.concatenate([prompt, fed_BxN], axis=1))
+    np.testing.assert_allclose(last_BxV, full_BxSxV[:, T - 1], atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(jnp.swapaxes(logits_NxBxV, 0, 1), full_BxSxV[:, T:],
+                               atol=2e-4, rtol=2e-4)
+    np.testing.assert_array_equal(tokens_BxN, jnp.argmax(full_BxSxV[:, T:], axis=-1))
+    outputs[name] = (tokens_BxN, logits_NxBxV, full_BxSxV)
   # The Lngram branches are there and add a nonzero delta (W_O drawn nonzero).
-  assert cfg.memory_layers == (1, 2)
-  assert all(bool(jnp.any(lm.blocks[i].memory.w_o[...] != 0)) for i in cfg.memory_layers)
-  # The scanned forward is the repository's DecoderLM on the same weights.
-  np.testing.assert_allclose(full_BxSxV, jax.jit(lambda t: lm(t))(
-      jnp.concatenate([prompt, fed_BxN], axis=1)), atol=2e-4, rtol=2e-4)
+  assert cfg.memory_layers == (1, 5)
+  assert all(bool(jnp.any(unrolled.blocks[i].memory.w_o[...] != 0)) for i in cfg.memory_layers)
+  # The scanned model's timed functions compute the unrolled DecoderLM's numbers.
+  np.testing.assert_array_equal(outputs["scan"][0], outputs["loop"][0])
+  for got, want in zip(outputs["scan"][1:], outputs["loop"][1:], strict=True):
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)

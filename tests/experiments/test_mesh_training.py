@@ -1,4 +1,4 @@
-"""Training on a device mesh (experiments/train/mesh.py) equals training on one device.
+"""Training on a device mesh (experiments/trainer/placement.py) equals training on one device.
 
 The 8 host devices come from tests/conftest.py. Every run is `lm_lngram:smoke` with
 batch 8 on the same data and init; a mesh only changes where the arrays live and the
@@ -14,11 +14,12 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from experiments.checkpoint import restore
 from experiments.configs import load_config
 from experiments.models import DecoderLM, layout, lm_config
-from experiments.train import mesh as mesh_lib
-from experiments.train import train
+from experiments.models.branches import BranchContext
+from experiments.tasks import run_train
+from experiments.tasks.restore import restore
+from experiments.trainer import placement as mesh_lib
 
 STEPS = 4
 LAYOUTS = {"data2_table4": dict(data=2, table=4), "data4_fsdp2": dict(data=4, fsdp=2),
@@ -62,7 +63,7 @@ def _assert_same_params(got, want):
 @pytest.fixture(scope="module")
 def single_device(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("one_device")
-  train(_config(), workdir)
+  run_train(_config(), workdir)
   return _losses(workdir), _params(workdir), workdir
 
 
@@ -70,7 +71,7 @@ def single_device(tmp_path_factory):
 def test_each_step_and_the_parameters_equal_the_single_device_run(name, single_device,
                                                                   tmp_path):
   want_losses, want_params, _ = single_device
-  result = train(_config(LAYOUTS[name]), tmp_path)
+  result = run_train(_config(LAYOUTS[name]), tmp_path)
   assert result["step"] == STEPS
   _assert_same_run(tmp_path, want_losses, want_params)
 
@@ -85,22 +86,22 @@ def test_resume_on_smaller_meshes_continues_the_same_curve(single_device, tmp_pa
         signal.raise_signal(signal.SIGTERM)
     return callback
 
-  assert train(_config(LAYOUTS["data2_table4"]), tmp_path, callback=stop_at(2))["interrupted"]
-  assert train(_config(dict(data=2, table=2)), tmp_path, callback=stop_at(3))["interrupted"]
-  assert train(_config(), tmp_path)["step"] == STEPS
+  assert run_train(_config(LAYOUTS["data2_table4"]), tmp_path, callback=stop_at(2))["interrupted"]
+  assert run_train(_config(dict(data=2, table=2)), tmp_path, callback=stop_at(3))["interrupted"]
+  assert run_train(_config(), tmp_path)["step"] == STEPS
   _assert_same_run(tmp_path, want_losses, want_params)
 
 
 def test_grad_accum_over_a_mesh_equals_one_full_batch_on_one_device(single_device, tmp_path):
   want_losses, want_params, _ = single_device
-  train(_config(dict(data=2, table=2), grad_accum=2), tmp_path)
+  run_train(_config(dict(data=2, table=2), grad_accum=2), tmp_path)
   np.testing.assert_allclose(list(_losses(tmp_path).values()), list(want_losses.values()),
                              atol=2e-5)
   _assert_same_params(_params(tmp_path), want_params)
 
 
 def test_eval_on_a_mesh_equals_eval_on_one_device(single_device):
-  from experiments.train.evaluate import evaluate_checkpoint
+  from experiments.tasks.evaluate import evaluate_checkpoint
   workdir = single_device[2]
   want, step = evaluate_checkpoint(workdir, max_batches=2)
   got, got_step = evaluate_checkpoint(workdir, max_batches=2,
@@ -128,7 +129,7 @@ def _smoke_params(spec="lm_lngram.py:smoke"):
 def test_tables_split_by_rows_router_by_routes_dense_over_fsdp():
   model, params = _smoke_params()
   mesh = mesh_lib.make_train_mesh(dict(fsdp=2, table=4))
-  placed = mesh_lib.Placement(mesh, params, lngram_paths=layout.lngram_paths(model))
+  placed = mesh_lib.Placement(mesh, params, rules=layout.placement_rules(model))
   memory = placed.params["blocks"][1]["memory"]
   assert memory["tables"][1].spec == P(("table", "fsdp"), None)   # gathered over fsdp
   assert memory["router_w"].spec == P(None, "table")
@@ -144,9 +145,9 @@ def test_tables_split_by_rows_router_by_routes_dense_over_fsdp():
 
 
 def test_comparison_arm_tables_split_by_rows_too():
-  _, params = _smoke_params("lm_pkm.py:smoke")
+  model, params = _smoke_params("lm_pkm.py:smoke")
   mesh = mesh_lib.make_train_mesh(dict(data=2, table=4))
-  specs = mesh_lib.param_specs(params, mesh)
+  specs = mesh_lib.param_specs(params, mesh, rules=layout.placement_rules(model))
   assert specs["blocks"][1]["memory"]["tables"][0] == P("table", None)   # PKM values
   assert specs["blocks"][1]["memory"]["w_q"] == P()
 
@@ -155,10 +156,10 @@ def test_the_lngram_branch_runs_its_sharded_form_only_on_a_mesh():
   model, _ = _smoke_params()
   tokens = np.zeros((8, 32), np.int32)
   plain = str(jax.make_jaxpr(lambda t: model(t))(tokens))
-  with layout.use(mesh_lib.make_train_mesh(dict(data=2, table=4))):
-    sharded = str(jax.make_jaxpr(lambda t: model(t))(tokens))
-  with layout.use(mesh_lib.make_train_mesh({})):   # one device: the plain forward
-    one = str(jax.make_jaxpr(lambda t: model(t))(tokens))
+  mesh = mesh_lib.make_train_mesh(dict(data=2, table=4))
+  sharded = str(jax.make_jaxpr(lambda t: model(t, context=BranchContext(mesh=mesh)))(tokens))
+  one_device = BranchContext(mesh=mesh_lib.make_train_mesh({}))   # the plain forward
+  one = str(jax.make_jaxpr(lambda t: model(t, context=one_device))(tokens))
   assert "shard_map" in sharded and "shard_map" not in plain and "shard_map" not in one
 
 
@@ -199,8 +200,8 @@ def test_a_mesh_the_run_cannot_use_is_refused_naming_the_numbers(mesh, batch, ma
   config = _config(mesh)
   config.data.batch_size = batch
   with pytest.raises(ValueError, match=match):
-    train(config, tmp_path)
-  assert not (tmp_path / "checkpoints").exists()
+    run_train(config, tmp_path / "run")
+  assert not (tmp_path / "run").exists()   # a refused run leaves no directory behind
 
 
 # --- several processes ---------------------------------------------------------------------
@@ -249,7 +250,7 @@ def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path):
       "alone)" in logs[1]
 
   one = tmp_path / "one_process"
-  train(_config(LAYOUTS["data2_table4"]), one)
+  run_train(_config(LAYOUTS["data2_table4"]), one)
   np.testing.assert_allclose(list(_losses(workdir).values()), list(_losses(one).values()),
                              rtol=0, atol=1e-6)
   assert list(_losses(workdir)) == list(range(1, STEPS + 1))
@@ -263,7 +264,7 @@ def test_a_vlm_stage_on_a_mesh_equals_one_device(tmp_path):
     c.train.progress = False
     c.vlm.eval.update(n=2, max_new_tokens=4)   # the test is the training curve
     c.mesh.update(mesh)
-    train(c, workdir)
+    run_train(c, workdir)
     return _losses(workdir)
 
   want = run({}, tmp_path / "one")
@@ -282,7 +283,7 @@ def test_comparison_arms_with_row_sharded_tables_train_the_one_device_curve(arm,
     c.data.batch_size = 8
     c.train.update(steps=3, progress=False, eval_every=100, ckpt_every=100)
     c.mesh.update(mesh)
-    train(c, workdir)
+    run_train(c, workdir)
     return _losses(workdir)
 
   want = run({}, tmp_path / "one")

@@ -1,9 +1,10 @@
-"""The reproduction plan (experiments.reproduce) and its report (experiments.report)."""
+"""The reproduction plan (experiments.reproduce), the runs it wrote (experiments.results) and
+its report (experiments.report, experiments.report_analyses)."""
 
 import json
 import statistics
 
-from experiments import report, report_analyses, reproduce
+from experiments import report, report_analyses, reproduce, results
 from experiments.configs import load_config
 from experiments.models import lm_config
 
@@ -99,9 +100,9 @@ def test_training_order_is_seed_major_and_trains_a_shared_run_once():
 def test_report_reads_a_shared_run_from_the_directory_it_shares(tmp_path):
   root = tmp_path / "repro"
   _fake_run(root, "main/lngram_r16_s0", [(600, 2.05)])
-  results = report.collect(root)
-  assert results["sink"]["sink"]["seeds"][0]["final"] == 2.05
-  assert results["surrogate"]["onebit"]["seeds"][0]["final"] == 2.05
+  collected = results.collect(root)
+  assert collected["sink"]["sink"]["seeds"][0]["final"] == 2.05
+  assert collected["surrogate"]["onebit"]["seeds"][0]["final"] == 2.05
 
 
 # --- `reproduce analyze` and the report's analysis sections, on fake runs and analyses.
@@ -182,7 +183,15 @@ def test_analysis_jobs_best_run_insertion_pair_and_skips(tmp_path):
   assert jobs[1][1] == ("stability", "injection")
   assert reproduce.analyze_command(jobs[0][0], jobs[0][1], root) == [
       "lngram-exp", "analyze", f"--workdir={best}",
-      "--which=utilisation,id_knn,associations,distributed,stability,injection"]
+      "--which=utilisation,id_knn,associations,distributed,stability,injection", "--step=600"]
+  # A result computed from another checkpoint than the final one is stale: redone.
+  _write_analysis(root / "main" / "lngram_r16_s0", "stability", {"source": {"step": 400}})
+  jobs, _ = reproduce.analysis_jobs(root)
+  assert [(r.key, names) for r, names, _ in jobs][1] == (
+      "main/lngram_r16_s0", ("stability", "injection"))
+  _write_analysis(root / "main" / "lngram_r16_s0", "stability", {"source": {"step": 600}})
+  jobs, _ = reproduce.analysis_jobs(root)
+  assert [(r.key, names) for r, names, _ in jobs][1] == ("main/lngram_r16_s0", ("injection",))
   # When the best run is one of the pair, it is analysed once, with everything.
   _fake_run(root, "main/lngram_r16_s1", [(600, 1.95)])
   (root / "insertion" / "inserted_300_s0" / "metrics.jsonl").write_text(
@@ -247,6 +256,11 @@ def test_report_analysis_sections_and_claims(tmp_path):
   ids = text[text.index("#### ID analyses on the best run"):]
   assert "`main/lngram_r64_s0`: final validation 2.0000 bits/byte" in ids
   assert "lowest of the 2 finished" in ids
+  assert "Computed from checkpoint" not in ids   # these results hold no `source`
+  _write_analysis(root / "main" / "lngram_r64_s0", "utilisation",
+                  {**_utilisation(), "source": {"step": 600}})
+  assert "Computed from checkpoint step 600 of `main/lngram_r64_s0`." in report.report(
+      root, tmp_path / "plots")
   assert "9.50 effective codes of 16" in ids and "12 replicated: 40.00%" in ids
   assert "| 1 | document | 0.3000 | 0.2500 | 0.2000 | 0.1000 | 81.25% | 0.002 |" in ids
   assert ids.count("`C_{1,3}=7 ⇒ def` | local | 40.00% | 10.00% | +30.00 pp | 25 |") == 15
@@ -355,14 +369,14 @@ def test_the_inserted_run_is_measured_over_the_from_scratch_run_s_interval():
   by_key = {r.key: r for r in reproduce.plan()}
   inserted, scratch = (by_key[k] for k in reproduce.INSERTION_PAIR)
   command = reproduce.analyze_command(inserted, ("stability", "injection"))
-  assert command[-1] == "--stability_steps=100,300"
+  assert command[-2:] == ["--step=300", "--stability_steps=100,300"]
   assert not any(c.startswith("--stability_steps") for c in
                  reproduce.analyze_command(scratch, ("stability", "injection")))
   assert not any(c.startswith("--stability_steps") for c in
                  reproduce.analyze_command(inserted, ("injection",)))
-  offset = reproduce._steps(by_key[inserted.after])
+  offset = reproduce.steps(by_key[inserted.after])
   first, last = reproduce.STABILITY_STEPS[inserted.key]
-  assert (offset + first, offset + last) == (400, reproduce._steps(scratch))
+  assert (offset + first, offset + last) == (400, reproduce.steps(scratch))
 
 
 def test_the_inserted_run_s_curve_continues_its_backbone_s(tmp_path):
@@ -370,7 +384,7 @@ def test_the_inserted_run_s_curve_continues_its_backbone_s(tmp_path):
   _fake_run(root, "insertion/baseline_300_s0", [(100, 2.9), (300, 2.4)], steps=300)
   _fake_run(root, "insertion/inserted_300_s0", [(100, 2.3), (300, 2.1)], steps=300)
   _fake_run(root, "main/lngram_r16_s0", [(600, 2.0)])
-  insertion = report.collect(root)["insertion"]
+  insertion = results.collect(root)["insertion"]
   assert insertion["baseline_300"]["seeds"][0]["curve"] == [(100, 2.9), (300, 2.4)]
   assert insertion["inserted_300"]["seeds"][0]["curve"] == [(400, 2.3), (600, 2.1)]
   assert insertion["from_step_0"]["seeds"][0]["final"] == 2.0   # main/lngram_r16_s0

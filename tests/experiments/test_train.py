@@ -11,10 +11,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments.checkpoint import restore, run_checkpointer
-from experiments.train import lngram_metrics, train
-from experiments.train import optimizer as optim_lib
-from experiments.train.evaluate import evaluate_run, sample_text
+from experiments.models import memory_stats
+from experiments.tasks import metrics, run_train
+from experiments.tasks.evaluate import evaluate_run
+from experiments.tasks.restore import restore
+from experiments.tasks.sample import sample_text
+from experiments.trainer import optimizer as optim_lib
+from experiments.trainer.checkpoint import run_checkpointer
 
 
 def _params(workdir, step=None):
@@ -65,11 +68,11 @@ def test_resume_is_bit_exact(tmp_path, smoke_config, recording_callbacks):
   fingerprint = lambda b: hashlib.sha256(b["inputs"].tobytes()).hexdigest()
 
   seen_a, record, seen_b, stop_at_two = recording_callbacks(fingerprint, stop_at=2)
-  train(config, tmp_path / "a", callback=record)
-  first = train(config, tmp_path / "b", callback=stop_at_two)
+  run_train(config, tmp_path / "a", callback=record)
+  first = run_train(config, tmp_path / "b", callback=stop_at_two)
   assert first["interrupted"] and first["step"] == 2
   assert run_checkpointer(tmp_path / "b").all_steps() == [2]
-  second = train(config, tmp_path / "b", callback=lambda s, b: seen_b.append((s, fingerprint(b))))
+  second = run_train(config, tmp_path / "b", callback=lambda s, b: seen_b.append((s, fingerprint(b))))
   assert second["step"] == 4 and not second["interrupted"]
 
   assert seen_a == seen_b  # same data order across the interruption
@@ -89,7 +92,7 @@ def test_nan_guard_names_step_and_keeps_last_good_checkpoint(tmp_path, smoke_con
       batch["loss_mask"][:] = np.nan
 
   with pytest.raises(FloatingPointError, match=r"step 3: train/\w+ = nan") as info:
-    train(config, tmp_path, callback=poison)
+    run_train(config, tmp_path, callback=poison)
   assert "step 2" in str(info.value)  # the last good checkpoint is named
   assert run_checkpointer(tmp_path).all_steps() == [2]
   for leaf in jax.tree.leaves(_params(tmp_path)):
@@ -170,35 +173,45 @@ def test_schedule_warmup_then_cosine():
 
 
 def test_lngram_metrics_hand_case():
+  from experiments.models.branches import LngramMemory
+  from lngram_jax.config import LngramConfig
+
   # One route, C = 4 codes, T = 6; the last token is padding.
   codes = jnp.asarray([[[0], [1], [1], [3], [3], [2]]], jnp.int32)
   valid = jnp.asarray([[True] * 5 + [False]])
   segs = jnp.asarray([[1, 1, 1, 2, 2, 2]], jnp.int32)
-  counts = np.asarray(lngram_metrics.code_histogram(codes, valid, 4))
+  counts = np.asarray(memory_stats.code_histogram(codes, valid, 4))
   np.testing.assert_array_equal(counts, [[1, 2, 0, 2]])
-  eff = lngram_metrics.effective_codes(counts)
+  eff = memory_stats.effective_codes(counts)
   p = np.asarray([0.2, 0.4, 0.4])
   np.testing.assert_allclose(eff, [math.exp(-(p * np.log(p)).sum())])
   # Bigrams inside a segment: (0,1) (1,1) in segment 1, (3,3) in segment 2;
   # row = a_prev + 4·a_cur (oldest symbol least significant).
-  touched = np.asarray(lngram_metrics.rows_touched(codes, segs, valid, order=2, bits=2))
+  touched = np.asarray(memory_stats.rows_touched(codes, segs, valid, order=2, bits=2))
   assert sorted(np.flatnonzero(touched).tolist()) == [0 + 4 * 1, 1 + 4 * 1, 3 + 4 * 3]
   aux = {"memory/0/codes": codes, "memory/0/route_mass": jnp.full((1, 6, 2), 0.25),
          "ffn_branch/1/gate": jnp.zeros(())}   # other slots' aux is not Lngram's
-  assert lngram_metrics.lngram_layers(aux) == [0]
-  config = type("C", (), {"codes_per_route": 4, "orders": (2,), "bits": 2})
-  stats = lngram_metrics.merge_stats(
-      None, lngram_metrics.accumulate_stats(aux, config, segs, valid))
-  summary = lngram_metrics.summarise(stats)
+  assert memory_stats.lngram_layers(aux) == [0]
+  # The metrics protocol: the branch's per-batch sums (two batches, merged) and its
+  # summary, named <kind>/<layer>/<name>.
+  config = LngramConfig(d_model=8, routes=1, bits=2, orders=(2,), mem_dim=4, q_heads=2,
+                        kv_heads=1, head_dim=4)
+  branch = type("Branch", (), {"config": config})()
+  sums = LngramMemory.metric_sums(branch, metrics.layer_aux(aux, 0), valid, segs)
+  assert set(sums) == {"mass_sum", "tokens", "codes", "rows/2_max"}
+  stats = metrics.merge(None, {f"0/{k}": v for k, v in sums.items()})
+  stats = metrics.merge(stats, {f"0/{k}": v for k, v in sums.items()})
+  summary = metrics.summarise(config, stats)
   assert summary["lngram/0/route_mass"] == pytest.approx(0.25)
   assert summary["lngram/0/sink_mass"] == pytest.approx(0.75)
   assert summary["lngram/0/dead_code_frac"] == pytest.approx(0.25)
-  assert summary["lngram/0/rows_touched/2"] == pytest.approx(3 / 16)
+  assert summary["lngram/0/effective_codes"] == pytest.approx(float(eff[0]))
+  assert summary["lngram/0/rows_touched/2"] == pytest.approx(3 / 16)   # max, not summed
 
 
 def test_step_time_split_and_profiler_trace(tmp_path, smoke_config):
   workdir = tmp_path / "run"
-  train(smoke_config(steps=3, log_every=1, eval_every=3, ckpt_every=3,
+  run_train(smoke_config(steps=3, log_every=1, eval_every=3, ckpt_every=3,
                      profile_steps=(2, 3)), workdir)
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   timed = [r for r in rows if "time/step_s" in r]
@@ -208,7 +221,7 @@ def test_step_time_split_and_profiler_trace(tmp_path, smoke_config):
     assert 0 <= r["time/sync_s"] <= r["time/step_s"]
   assert list((workdir / "profile").rglob("*.xplane.pb")), "no profiler trace written"
   with pytest.raises(ValueError, match="profile_steps"):
-    train(smoke_config(steps=3, profile_steps=(3, 2)), tmp_path / "bad")
+    run_train(smoke_config(steps=3, profile_steps=(3, 2)), tmp_path / "bad")
 
 
 def test_grad_accum_equals_one_full_batch():
@@ -218,8 +231,8 @@ def test_grad_accum_equals_one_full_batch():
 
   from experiments.configs import load_config
   from experiments.models import DecoderLM, lm_config
-  from experiments.train import step as step_lib
-  from experiments.train.lm_task import lm_loss
+  from experiments.tasks.lm import lm_loss
+  from experiments.trainer import step as step_lib
 
   config = load_config("experiments/configs/lm_lngram.py:smoke")
   model = DecoderLM(lm_config(config), rngs=nnx.Rngs(0))
@@ -262,3 +275,78 @@ def test_optimizer_state_dtype():
   optim.state_dtype = "float8"
   with pytest.raises(ValueError, match="optim.state_dtype"):
     optim_lib.make_optimizer(optim, params, 10)
+
+
+def test_a_refused_run_leaves_nothing_in_a_directory_it_created(tmp_path, smoke_config):
+  config = smoke_config(steps=2)
+  config.data.seq_len = 10**6   # longer than model.max_len: refused when the task is built
+  with pytest.raises(ValueError, match="exceeds model.max_len"):
+    run_train(config, tmp_path / "new" / "run")
+  assert not (tmp_path / "new").exists()   # nor the parent it had to create
+  kept = tmp_path / "mine"
+  kept.mkdir()
+  (kept / "notes.txt").write_text("the user's")
+  with pytest.raises(ValueError, match="exceeds model.max_len"):
+    run_train(config, kept)
+  assert [p.name for p in kept.iterdir()] == ["notes.txt"]   # an existing directory stays
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ValueError, match="is a file"):
+    run_train(smoke_config(steps=2), tmp_path / "file")
+
+
+def test_the_trainer_trains_a_task_that_is_no_lm_and_resumes_it(tmp_path):
+  """`experiments.trainer.train` knows no LM: a linear regression task with its own
+  module, batch source and loss trains, checkpoints, and resumes bit for bit."""
+  from flax import nnx
+
+  from experiments.trainer import Task, train
+  from experiments.trainer.placement import make_train_mesh
+
+  w_true = np.asarray([1.0, -2.0, 0.5], np.float32)
+
+  class Linear(nnx.Module):
+    def __init__(self, rngs):
+      self.w = nnx.Param(jax.random.normal(rngs.params(), (3,)))
+
+  class Batches:
+    def __init__(self):
+      self.i = 0
+
+    def __next__(self):
+      x = np.random.default_rng(self.i).normal(size=(8, 3)).astype(np.float32)
+      self.i += 1
+      return {"x": x, "y": x @ w_true}
+
+    def get_state(self):
+      return {"i": self.i}
+
+    def set_state(self, state):
+      self.i = state["i"]
+
+  def loss(model, batch):
+    return jnp.mean((batch["x"] @ model.w[...] - batch["y"]) ** 2), {}
+
+  optim = ml_collections.ConfigDict(dict(
+      lr=0.1, table_lr_mult=1.0, weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8,
+      warmup_steps=0, min_lr_ratio=1.0, clip_norm=10.0))
+
+  def run(workdir, steps, stop_at=None):
+    tc = ml_collections.ConfigDict(dict(seed=0, log_every=1, eval_every=100, ckpt_every=100,
+                                        max_to_keep=2, async_checkpoint=False, progress=False))
+    task = Task(module=Linear(nnx.Rngs(0)), saved_config={"kind": "toy"}, batches=Batches(),
+                loss=loss, optim=optim, phases=(steps,),
+                evaluate=lambda m: {"eval/err": float(np.abs(m.w[...] - w_true).max())})
+
+    def stop(step, batch):
+      if step == stop_at:
+        import os
+        import signal
+        os.kill(os.getpid(), signal.SIGTERM)   # the trainer saves this step and returns
+
+    return train(task, tc, workdir, make_train_mesh({}), callback=stop)
+
+  full = run(tmp_path / "full", 60)
+  assert full["step"] == 60 and full["eval"]["eval/err"] < 0.05
+  assert run(tmp_path / "cut", 60, stop_at=25)["interrupted"]
+  resumed = run(tmp_path / "cut", 60)
+  assert resumed["step"] == 60 and resumed["eval"] == full["eval"]

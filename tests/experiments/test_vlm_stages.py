@@ -22,7 +22,7 @@ def _smoke(name, tmp_path, **train):
 
 
 def _params(workdir):
-  from experiments.checkpoint import restore
+  from experiments.tasks.restore import restore
   model, _ = restore(workdir)
   return {"/".join(map(str, p)): np.asarray(v.get_value())
           for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
@@ -48,20 +48,20 @@ def test_vlm_config_args():
 def test_vlm_stage0_resumes_bit_exactly_across_a_kill(tmp_path, recording_callbacks):
   """2N steps in one go == N steps, SIGTERM + checkpoint, resume, N steps (curriculum,
   cell head, scene sampler state and a phase boundary included)."""
-  from experiments.checkpoint import run_checkpointer
-  from experiments.vlm.run import run_stage
+  from experiments.tasks import run_train
+  from experiments.trainer.checkpoint import run_checkpointer
 
   config = _smoke("vlm_base", tmp_path, ckpt_every=100, eval_every=100)
   config.vlm.stage.curriculum = "2:1,2:0"   # the kill lands after the phase boundary
   fingerprint = lambda b: hashlib.sha256(b["tokens"].tobytes() + b["images"].tobytes()
                                          ).hexdigest()
   seen_a, record, seen_b, stop_at_three = recording_callbacks(fingerprint, stop_at=3)
-  full = run_stage(config, tmp_path / "a", callback=record)
-  first = run_stage(config, tmp_path / "b", callback=stop_at_three)
+  full = run_train(config, tmp_path / "a", callback=record)
+  first = run_train(config, tmp_path / "b", callback=stop_at_three)
   assert first["interrupted"] and first["step"] == 3 and first["final"] == {}
   assert run_checkpointer(tmp_path / "b").all_steps() == [3]
   assert not (tmp_path / "b" / "metrics.json").exists()
-  second = run_stage(config, tmp_path / "b",
+  second = run_train(config, tmp_path / "b",
                      callback=lambda s, b: seen_b.append((s, fingerprint(b))))
   assert second["step"] == 4 and not second["interrupted"]
   assert seen_a == seen_b and [s for s, _ in seen_a] == [1, 2, 3, 4]
@@ -75,10 +75,11 @@ def test_vlm_stage0_resumes_bit_exactly_across_a_kill(tmp_path, recording_callba
 
 @pytest.mark.slow
 def test_three_stages_and_analyses(tmp_path):
-  from experiments.checkpoint import restore
-  from experiments.vlm.run import analyze, run_stage
+  from experiments.tasks import run_train
+  from experiments.tasks.restore import restore
+  from experiments.vlm.run import analyze
 
-  base = run_stage(_smoke("vlm_base", tmp_path), tmp_path / "base")["final"]
+  base = run_train(_smoke("vlm_base", tmp_path), tmp_path / "base")["final"]
   assert base["stage"] == "pretrain" and base["history"]["steps"] == [1, 2, 3]
   assert base["history"]["phases"] == [{"steps": 2, "max_objects": 1},
                                        {"steps": 1, "max_objects": 4}]
@@ -89,7 +90,7 @@ def test_three_stages_and_analyses(tmp_path):
   assert accuracy == written["eval"] == json.loads(json.dumps(base["eval"]))
   sft_config = _smoke("vlm_pvm_sft", tmp_path)
   sft_config.vlm.stage.init_from = str(tmp_path / "base")
-  sft = run_stage(sft_config, tmp_path / "sft")["final"]
+  sft = run_train(sft_config, tmp_path / "sft")["final"]
   assert sft["branch"] == "pvm" and sft["branch_layers"] == [1]
   # Stage I froze everything but the branch: the base's parameters, bit for bit.
   base_params, sft_params = _params(tmp_path / "base"), _params(tmp_path / "sft")
@@ -99,7 +100,7 @@ def test_three_stages_and_analyses(tmp_path):
       k for k in sft_params if "/ffn_branch/" in k}
   grpo_config = _smoke("vlm_pvm_grpo", tmp_path)
   grpo_config.vlm.stage.init_from = str(tmp_path / "sft")
-  grpo = run_stage(grpo_config, tmp_path / "grpo")["final"]
+  grpo = run_train(grpo_config, tmp_path / "grpo")["final"]
   assert len(grpo["history"]["reward"]) == 3
   # Each completion scores 0.1·format + 0.9·accuracy with both in {0, 1}: a step's mean
   # reward over its group of 4 is a whole number of 1/40ths.
@@ -126,8 +127,8 @@ def test_three_stages_and_analyses(tmp_path):
 
 
 def test_curriculum_parsing(tmp_path):
-  from experiments.train.loop import train
-  from experiments.vlm.run import parse_curriculum
+  from experiments.tasks import run_train
+  from experiments.tasks.vlm import parse_curriculum
   assert parse_curriculum("") == []
   assert parse_curriculum("1800:2, 1500:0") == [(1800, 2), (1500, 0)]
   for bad in ("1800", "0:2", "x:2", "10:-1", "10:2:3"):
@@ -136,14 +137,14 @@ def test_curriculum_parsing(tmp_path):
   config = load_config("experiments/configs/vlm_pvm_sft.py:smoke")
   config.vlm.stage.update(curriculum="2:1", init_from="unused")
   with pytest.raises(ValueError, match="stage 0 only"):
-    train(config, tmp_path / "a")
+    run_train(config, tmp_path / "a")
   config = load_config("experiments/configs/vlm_pvm_sft.py:smoke")
   with pytest.raises(ValueError, match="needs vlm.stage.init_from"):
-    train(config, tmp_path / "b")
+    run_train(config, tmp_path / "b")
 
 
 def test_train_scene_seed_changes_the_training_draw_only(tmp_path):
-  from experiments.vlm.run import split_data
+  from experiments.vlm.scenes import split_data
   config = load_config("experiments/configs/vlm_pvm_sft.py:smoke")
   config.vlm.scenes.data_dir = str(tmp_path / "data")
   assert config.vlm.scenes.train_scene_seed == 1 and config.vlm.scenes.scene_seed == 0

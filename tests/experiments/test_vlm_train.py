@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.checkpoint import restore, run_checkpointer
 from experiments.models.config import LMConfig
-from experiments.train import Task, saved_config, train
+from experiments.tasks import run_train, saved_config
+from experiments.tasks.init_from import flat_params, init_from
+from experiments.tasks.restore import restore
+from experiments.tasks.vlm_loss import trainable_mask, vlm_loss
+from experiments.trainer import Task
+from experiments.trainer.checkpoint import run_checkpointer
 from experiments.vlm.config import VLMConfig
 from experiments.vlm.data import SceneSampler
 from experiments.vlm.grpo import group_advantages, grpo_objective
 from experiments.vlm.model import VLM
-from experiments.vlm.train import flat_params, load_params, trainable_mask, vlm_loss
 from pvm_jax.config import PVMConfig
 
 LM = LMConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,
@@ -56,7 +59,7 @@ def _run_config(steps):
 
 
 def _vlm_task(config, model, trainable, phases=(3,)):
-  return Task(kind="vlm", module=model, saved_config=saved_config("vlm", config, model.config),
+  return Task(module=model, saved_config=saved_config("vlm", config, model.config),
               batches=SceneSampler([RandomData()] * len(phases), list(phases), batch_size=4,
                                    seed=0),
               loss=vlm_loss, optim=config.optim, phases=phases,
@@ -68,7 +71,7 @@ def test_stage1_in_the_loop_trains_only_the_branch_bit_for_bit(tmp_path):
               rngs=nnx.Rngs(0))
   before = {k: np.asarray(v).copy() for k, v in flat_params(nnx.state(model, nnx.Param)).items()}
   config = _run_config(3)
-  result = train(config, tmp_path, task=_vlm_task(config, model, "branch"))
+  result = run_train(config, tmp_path, task=_vlm_task(config, model, "branch"))
   assert result["step"] == 3
   trained, _ = restore(tmp_path)
   after = {k: np.asarray(v) for k, v in flat_params(nnx.state(trained, nnx.Param)).items()}
@@ -123,7 +126,7 @@ def test_scene_sampler_keeps_the_old_draws_and_resumes_through_json():
     other.set_state(state)
 
 
-def test_load_params_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_path):
+def test_init_from_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_path):
   base = VLM(VLMConfig(**VLM_KW, visual_pos=True), rngs=nnx.Rngs(0))
   with run_checkpointer(tmp_path / "base", async_save=False) as ckpt:
     ckpt.save(1, params=nnx.to_pure_dict(nnx.state(base, nnx.Param)),
@@ -131,7 +134,7 @@ def test_load_params_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_pa
   sft = VLM(VLMConfig(**VLM_KW, visual_pos=True, branch="pvm", branch_layers=(1,), pvm=PVM_CFG),
             rngs=nnx.Rngs(1))
   init = {k: np.asarray(v).copy() for k, v in flat_params(nnx.state(sft, nnx.Param)).items()}
-  missing = load_params(sft, tmp_path / "base")
+  missing = init_from(sft, tmp_path / "base", kind="vlm")["missing"]
   assert missing and all("/ffn_branch/" in k for k in missing)
   loaded = flat_params(nnx.state(sft, nnx.Param))
   for k, v in flat_params(nnx.state(base, nnx.Param)).items():
@@ -140,7 +143,7 @@ def test_load_params_keeps_branch_init_and_refuses_arrays_the_model_lacks(tmp_pa
     np.testing.assert_array_equal(loaded[k], init[k], err_msg=k)
   mismatched = VLM(VLMConfig(**VLM_KW, visual_pos=False), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"projector/pos.*lacks"):
-    load_params(mismatched, tmp_path / "base")
+    init_from(mismatched, tmp_path / "base", kind="vlm")
 
 
 def test_group_advantages_by_hand():
@@ -204,8 +207,8 @@ def test_cell_labels_and_cell_class_loss_by_hand():
 
 
 def test_stage0_cell_loss_is_caption_plus_weighted_cell_loss():
+  from experiments.tasks.vlm_loss import cell_pretrainer_loss, lm_loss
   from experiments.vlm.cell_loss import CellPretrainer, cell_class_loss
-  from experiments.vlm.train import cell_pretrainer_loss, lm_loss
 
   data = RandomData()
   labels = np.random.default_rng(1).integers(0, 4, (len(data), 4)).astype(np.int32)

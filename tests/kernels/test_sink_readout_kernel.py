@@ -101,6 +101,40 @@ def test_reference_hand_computed_single_route():
   np.testing.assert_allclose(lse[0, 0], math.log(math.exp(b0) + math.exp(s)), rtol=1e-6)
 
 
+def test_reference_and_xla_path_keep_float64():
+  """float64 in, float64 statistics out: equal to the float64 per-head loop of
+  `lngram_jax.reference` (keys = values = mem, one KV head, T = 1) to ~1e-13, in
+  values and in the gradients of q, mem and b0. A float32 step anywhere would
+  show as ~1e-7. The Pallas kernels refuse float64 with a message."""
+  from lngram_jax import reference  # the test's reference loop; kernels import no model
+
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(4, 3, 6)), jnp.float64)
+    mem = jnp.asarray(rng.normal(size=(4, 5, 6)), jnp.float64)
+    dout = jnp.asarray(rng.normal(size=(4, 3, 6)), jnp.float64)
+    dlse = jnp.asarray(rng.normal(size=(4, 3)), jnp.float64)
+    b0 = jnp.float64(0.7)
+    scale = 1.0 / math.sqrt(6)  # the loop's 1/√Dh
+
+    def loop(q, mem, b0):
+      kv = mem[:, None, :, None, :]            # [BT, 1, R, Hkv = 1, Dr]
+      o, lse = reference.sink_readout(q[:, None], kv, kv, sink_logit=b0)
+      return o[:, 0], lse[:, 0]
+
+    for readout in (functools.partial(sink_readout_reference, scale=scale),
+                    functools.partial(sink_readout, scale=scale, implementation="xla")):
+      (out, lse), vjp = jax.vjp(lambda q, m, b, f=readout: f(q, m, sink_logit=b), q, mem, b0)
+      (out_ref, lse_ref), vjp_ref = jax.vjp(loop, q, mem, b0)
+      assert out.dtype == lse.dtype == jnp.float64
+      for got, want in zip((out, lse, *vjp((dout, dlse))),
+                           (out_ref, lse_ref, *vjp_ref((dout, dlse))), strict=True):
+        assert got.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-13, atol=1e-13)
+    with pytest.raises(TypeError, match="float64 only with implementation='xla'"):
+      sink_readout(q, mem, sink_logit=0.0, implementation="triton")
+
+
 # --- kernels in interpret mode ------------------------------------------------
 
 

@@ -1,10 +1,9 @@
-"""Hard codes and n-gram rows against pure-Python loop references.
+"""Hard codes and n-gram rows against the loop references of `lngram_jax.reference`.
 
-The references below are written from the conventions alone (bit j weighs
-2^j; the oldest symbol of a window is its least-significant digit; route r
-owns rows [r·K^n, (r+1)·K^n); a window is invalid if it starts before the
-sequence, spans two segments or touches padding), never from the code under
-test.
+The references are written from the conventions alone (bit j weighs 2^j; the
+oldest symbol of a window is its least-significant digit; route r owns rows
+[r·C^n, (r+1)·C^n); a window is invalid if it starts before the sequence, spans
+two segments or touches padding), never from the code under test.
 """
 
 from __future__ import annotations
@@ -16,50 +15,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
+from lngram_jax import reference
 from lngram_jax.addressing import codes_from_logits, ngram_rows
-
-
-def codes_reference(logits_BxTxRxM: np.ndarray) -> np.ndarray:
-  B, T, R, M = logits_BxTxRxM.shape
-  codes = np.zeros((B, T, R), np.int64)
-  for b in range(B):
-    for t in range(T):
-      for r in range(R):
-        for j in range(M):
-          if logits_BxTxRxM[b, t, r, j] > 0:
-            codes[b, t, r] += 2**j
-  return codes
-
-
-def window_ok(b, t, order, segment_ids, valid) -> bool:
-  if t - order + 1 < 0:
-    return False
-  positions = range(t - order + 1, t + 1)
-  if segment_ids is not None and len({int(segment_ids[b, s]) for s in positions}) != 1:
-    return False
-  if valid is not None and not all(bool(valid[b, s]) for s in positions):
-    return False
-  return True
-
-
-def rows_reference(codes_BxTxR, order, bits, segment_ids=None, valid=None):
-  """Python-int rows (None at invalid windows) and the validity mask."""
-  B, T, R = codes_BxTxR.shape
-  K = 2**bits
-  rows = [[[None] * R for _ in range(T)] for _ in range(B)]
-  ok = np.zeros((B, T), bool)
-  for b in range(B):
-    for t in range(T):
-      ok[b, t] = window_ok(b, t, order, segment_ids, valid)
-      if not ok[b, t]:
-        continue
-      for r in range(R):
-        row = r * K**order
-        for i in range(order):  # digit i is the symbol at t-n+1+i
-          row += int(codes_BxTxR[b, t - order + 1 + i, r]) * K**i
-        rows[b][t][r] = row
-  return rows, ok
-
 
 # Packed rows: segments of lengths 1, 2, 3, 1 and 2, 1, 1, 2, 1, 2 (several
 # of length 1), with padding at the end of row 0 and inside row 1.
@@ -82,7 +39,7 @@ class CodesFromLogitsTest(chex.TestCase):
     codes = self.variant(codes_from_logits)(jnp.asarray(logits))
     self.assertEqual(codes.dtype, jnp.int32)
     chex.assert_shape(codes, (2, 3, 4))
-    np.testing.assert_array_equal(np.asarray(codes), codes_reference(logits))
+    np.testing.assert_array_equal(np.asarray(codes), reference.codes(logits))
     np.testing.assert_array_equal(np.asarray(codes[0, 0, :2]), [0, 0])
 
   def test_bit_weights(self):
@@ -100,7 +57,7 @@ class CodesFromLogitsTest(chex.TestCase):
     codes = codes_from_logits(jnp.asarray(logits, jnp.bfloat16))
     self.assertEqual(codes.dtype, jnp.int32)
     # bf16 rounding never changes a sign.
-    np.testing.assert_array_equal(np.asarray(codes), codes_reference(logits))
+    np.testing.assert_array_equal(np.asarray(codes), reference.codes(logits))
 
   def test_rejects_integer_logits(self):
     with pytest.raises(TypeError, match="logits must be a floating array"):
@@ -121,19 +78,20 @@ class NgramRowsTest(chex.TestCase):
     self.assertEqual(ok.dtype, jnp.bool_)
     chex.assert_shape(rows, codes.shape)
     chex.assert_shape(ok, codes.shape[:2])
-    want_rows, want_ok = rows_reference(codes, order, bits, segment_ids, valid)
+    want_rows, want_ok = reference.rows(codes, order=order, bits=bits,
+                                        segment_ids=segment_ids, valid=valid)
     np.testing.assert_array_equal(np.asarray(ok), want_ok)
     rows = np.asarray(rows)
-    K = 2**bits
+    C = 2**bits
     B, T, R = codes.shape
     for b in range(B):
       for t in range(T):
         for r in range(R):
           if want_ok[b, t]:
-            self.assertEqual(int(rows[b, t, r]), want_rows[b][t][r], (b, t, r))
+            self.assertEqual(int(rows[b, t, r]), int(want_rows[b, t, r]), (b, t, r))
           else:
             # Documented: invalid windows point at their route's first row.
-            self.assertEqual(int(rows[b, t, r]), r * K**order, (b, t, r))
+            self.assertEqual(int(rows[b, t, r]), r * C**order, (b, t, r))
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(order=(1, 2, 3), bits=(1, 2, 4))
@@ -168,7 +126,7 @@ class NgramRowsTest(chex.TestCase):
                 segment_ids=_SEGMENTS_2x9, valid=_VALID_2x9)
 
   def test_hand_case(self):
-    # K = 4, n = 3, R = 2: row = r·64 + a[t-2] + 4·a[t-1] + 16·a[t].
+    # C = 4, n = 3, R = 2: row = r·64 + a[t-2] + 4·a[t-1] + 16·a[t].
     codes = np.array([[[1, 0], [2, 3], [3, 1], [0, 2]]], np.int32)
     rows, ok = ngram_rows(jnp.asarray(codes), order=3, bits=2)
     np.testing.assert_array_equal(np.asarray(ok), [[False, False, True, True]])
@@ -177,7 +135,7 @@ class NgramRowsTest(chex.TestCase):
                                   [2 + 4 * 3 + 16 * 0, 64 + 3 + 4 * 1 + 16 * 2]])
 
   def test_largest_rows_fit_int32(self):
-    # R·K^n = 127·2^24 < 2^31: the top row is exact, nothing wraps.
+    # R·C^n = 127·2^24 < 2^31: the top row is exact, nothing wraps.
     codes = jnp.full((1, 3, 127), 255, jnp.int32)
     rows, ok = ngram_rows(codes, order=3, bits=8)
     self.assertTrue(bool(ok[0, 2]))

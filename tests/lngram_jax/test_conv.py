@@ -1,4 +1,5 @@
-"""The short depthwise causal conv against a Python loop, with and without packed segments."""
+"""The short depthwise causal conv against the tap loop of `lngram_jax.reference`,
+with and without packed segments, in values and gradients."""
 
 import chex
 import jax
@@ -6,45 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import parameterized
 
-from lngram_jax import short_conv
-
-
-def _loop_reference(x, kernel, dilation, segment_ids=None):
-  """y[b, t, c] = Σ_i w[i, c]·x[b, t - (k-1-i)·dilation, c], one scalar at a time.
-
-  A tap that reaches before the sequence or into another segment reads zero.
-  """
-  x, kernel = np.asarray(x, np.float64), np.asarray(kernel, np.float64)
-  Bx, Tx, C = x.shape
-  k = kernel.shape[0]
-  y = np.zeros_like(x)
-  for b in range(Bx):
-    for t in range(Tx):
-      for c in range(C):
-        for i in range(k):
-          src = t - (k - 1 - i) * dilation
-          if src < 0:
-            continue
-          if segment_ids is not None and segment_ids[b, src] != segment_ids[b, t]:
-            continue
-          y[b, t, c] += kernel[i, c] * x[b, src, c]
-  return y
-
-
-def _gather_reference(x, kernel, dilation, segment_ids=None):
-  """The same sum written with index gathers (differentiable, independent of the shifts)."""
-  Bx, Tx, _ = x.shape
-  k = kernel.shape[0]
-  t_T = jnp.arange(Tx)
-  y = jnp.zeros(x.shape, jnp.float32)
-  for i in range(k):
-    src_T = t_T - (k - 1 - i) * dilation
-    ok_BxT = jnp.broadcast_to(src_T >= 0, (Bx, Tx))
-    if segment_ids is not None:
-      ok_BxT &= jnp.take(segment_ids, jnp.clip(src_T, 0), axis=1) == segment_ids
-    x_src = jnp.take(x, jnp.clip(src_T, 0), axis=1)
-    y += jnp.where(ok_BxT[:, :, None], x_src * kernel[i], 0.0)
-  return y
+from lngram_jax import reference, short_conv
 
 
 def _random(seed, shape):
@@ -65,7 +28,7 @@ class ShortConvTest(chex.TestCase):
     x = _random(0, (2, T, 3))
     kernel = _random(1, (k, 3))
     y = self.variant(short_conv, static_argnames="dilation")(x, kernel, dilation=dilation)
-    np.testing.assert_allclose(y, _loop_reference(x, kernel, dilation), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, reference.short_conv(x, kernel, dilation=dilation), rtol=1e-5, atol=1e-6)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_segments_match_loop_reference(self):
@@ -73,10 +36,10 @@ class ShortConvTest(chex.TestCase):
     kernel = _random(3, (4, 3))
     conv = self.variant(short_conv, static_argnames="dilation")
     y = conv(x, kernel, dilation=3, segment_ids=jnp.asarray(SEGMENTS))
-    y_ref = _loop_reference(x, kernel, 3, SEGMENTS)
+    y_ref = reference.short_conv(x, kernel, dilation=3, segment_ids=SEGMENTS)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
     # The segments really cut taps: without them the result differs.
-    self.assertGreater(np.max(np.abs(y_ref - _loop_reference(x, kernel, 3))), 0.1)
+    self.assertGreater(np.max(np.abs(y_ref - reference.short_conv(x, kernel, dilation=3))), 0.1)
 
   def test_kernel_orientation_last_tap_is_current_step(self):
     # A one-hot kernel at tap i delays the input by (k-1-i)·dilation steps.
@@ -102,7 +65,7 @@ class ShortConvTest(chex.TestCase):
         np.testing.assert_allclose(y[b, where], y_alone, rtol=1e-6, atol=1e-6)
 
   @parameterized.parameters(False, True)
-  def test_gradients_match_gather_reference(self, with_segments):
+  def test_gradients_match_loop_reference(self, with_segments):
     x = _random(7, (2, 13, 3))
     kernel = _random(8, (4, 3))
     seg = jnp.asarray(SEGMENTS) if with_segments else None
@@ -113,7 +76,8 @@ class ShortConvTest(chex.TestCase):
 
     conv = lambda x, kernel, d, s: short_conv(x, kernel, dilation=d, segment_ids=s)
     grads = jax.grad(lambda *a: loss(conv, *a), argnums=(0, 1))(x, kernel)
-    grads_ref = jax.grad(lambda *a: loss(_gather_reference, *a), argnums=(0, 1))(x, kernel)
+    conv_ref = lambda x, kernel, d, s: reference.short_conv(x, kernel, dilation=d, segment_ids=s)
+    grads_ref = jax.grad(lambda *a: loss(conv_ref, *a), argnums=(0, 1))(x, kernel)
     for g, g_ref in zip(grads, grads_ref, strict=True):
       np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5)
 
@@ -122,7 +86,7 @@ class ShortConvTest(chex.TestCase):
     kernel = _random(11, (4, 2)).astype(jnp.bfloat16)
     y = short_conv(x, kernel, dilation=1)
     self.assertEqual(y.dtype, jnp.bfloat16)
-    np.testing.assert_allclose(y.astype(jnp.float32), _loop_reference(x, kernel, 1),
+    np.testing.assert_allclose(y.astype(jnp.float32), reference.short_conv(x, kernel, dilation=1),
                                rtol=2e-2, atol=2e-2)
 
   def test_bad_inputs_name_the_argument(self):

@@ -1,4 +1,4 @@
-"""The fused lookup + norm + readout (`lngram_jax.fused`) against its unfused twin.
+"""The fused lookup + norm + readout (`lngram_jax.fused`) against `unfused_readout`.
 
 Interpret mode on CPU: values and gradients of every input (q, router logits
 through the counterfactual surrogate, every table, the memory-norm scale, w_kv
@@ -16,7 +16,7 @@ from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
 from kernels.sink_readout import BlockSizes
 from lngram_jax import LngramConfig, LngramParams
-from lngram_jax.fused import FusedSpec, fused_readout, fused_readout_reference
+from lngram_jax.fused import FusedSpec, fused_readout, unfused_readout
 
 H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
     device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
@@ -72,7 +72,7 @@ def _values_and_grads(fused, dtype, surrogate, x):
     if fused:
       return fused_readout(q, logits, params, FusedSpec(config, BLOCKS, interpret=True),
                            sink_logit=sink_logit, segment_ids=segment_ids, valid=valid)
-    return fused_readout_reference(q, logits, params, config, sink_logit=sink_logit,
+    return unfused_readout(q, logits, params, config, sink_logit=sink_logit,
                                    segment_ids=segment_ids, valid=valid)
 
   args = tuple(x[k] for k in NAMES[2:])
@@ -146,7 +146,7 @@ def test_fused_on_gpu():
       (o, lse), vjp = jax.vjp(fn, x["q"], x["logits"], x["params"])
       return (o, lse, *vjp((x["g_o"], x["g_lse"])))
     return (run(lambda q, z, p: fused_readout(q, z, p, FusedSpec(config, interpret=False))),
-            run(lambda q, z, p: fused_readout_reference(q, z, p, config)))
+            run(lambda q, z, p: unfused_readout(q, z, p, config)))
 
   got, want = both(x)
   for g_leaf, w_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):

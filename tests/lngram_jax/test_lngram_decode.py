@@ -163,3 +163,97 @@ def test_decode_gradients_equal_parallel_gradients():
     scale = float(jnp.max(jnp.abs(g_ref[...])))
     np.testing.assert_allclose(g[...], g_ref[...], rtol=1e-5, atol=1e-5 * scale,
                                err_msg=str(path))
+
+
+# --- inputs are checked as the layer checks them --------------------------------------
+
+
+@pytest.mark.parametrize("lengths, error, match", [
+    ([20, 20], ValueError, r"lengths=\[20, 20\] must be in \[0, T=6\]"),
+    ([3, -1], ValueError, r"lengths=\[3, -1\] must be in \[0, T=6\]"),
+    ([2.5, 3.0], TypeError, r"lengths=\[2.5, 3.0\] must be integers"),
+    ([True, False], TypeError, "lengths.*must be integers"),
+    ([3, 3, 3], ValueError, r"lengths must have shape \(2,\)"),
+])
+def test_prefill_refuses_impossible_lengths(lengths, error, match):
+  """A length past the prompt took its history from clipped positions: the
+  continuation was silently wrong (up to 1.68 off the parallel forward)."""
+  layer = _layer(CONFIGS["default"])
+  with pytest.raises(error, match=match):
+    prefill_decode_state(layer, _inputs(2, 6), lengths=lengths)
+
+
+def test_prefill_of_zero_lengths_is_the_empty_state():
+  config = CONFIGS["default"]
+  layer = _layer(config)
+  _, state = prefill_decode_state(layer, _inputs(2, 6), lengths=jnp.zeros((2,), jnp.int32))
+  empty = init_decode_state(config, 2)
+  np.testing.assert_array_equal(state.codes_ok_BxH, empty.codes_ok_BxH)
+  np.testing.assert_array_equal(state.conv_BxSxD, empty.conv_BxSxD)
+
+
+@pytest.mark.parametrize("call", ["layer", "prefill", "step"])
+def test_int_and_list_hidden_states_are_refused_everywhere(call):
+  config = CONFIGS["default"]
+  layer = _layer(config)
+  T = 1 if call == "step" else 4
+  run = {"layer": lambda h: layer(h),
+         "prefill": lambda h: prefill_decode_state(layer, h),
+         "step": lambda h: lngram_decode_step(layer, h, init_decode_state(config, 2))}[call]
+  with pytest.raises(TypeError, match="h must be a floating array; got dtype int32"):
+    run(jnp.ones((2, T, D), jnp.int32))
+  with pytest.raises(TypeError, match="h must be an array .*got list"):
+    run(np.zeros((2, T, D), np.float32).tolist())
+
+
+@pytest.mark.parametrize("call", ["layer", "prefill", "step"])
+@pytest.mark.parametrize("shape, field", [((0, 1, D), "B=0"), ((2, 0, D), "T=0")])
+def test_empty_batch_or_sequence_names_the_field(call, shape, field):
+  """T = 0 or B = 0 ended in ZeroDivisionError deep inside the readout."""
+  config = CONFIGS["default"]
+  layer = _layer(config)
+  h = jnp.zeros(shape)
+  run = {"layer": lambda: layer(h), "prefill": lambda: prefill_decode_state(layer, h),
+         "step": lambda: lngram_decode_step(layer, h, init_decode_state(config, shape[0]))}
+  with pytest.raises(ValueError, match=f"h has shape .*{field} must be >= 1"):
+    run[call]()
+
+
+def test_decode_step_refuses_a_state_of_another_batch_or_config():
+  config = CONFIGS["default"]
+  layer = _layer(config)
+  with pytest.raises(ValueError, match="state has batch 3 but the input has B=2"):
+    lngram_decode_step(layer, _inputs(2, 1), init_decode_state(config, 3))
+  other = init_decode_state(CONFIGS["literal_exact_1_2_4_dil2"], 2)
+  with pytest.raises(ValueError, match=r"state\.codes_BxHxR has shape \[B, 3, 2\].*\[B, 2, 3\]"):
+    lngram_decode_step(layer, _inputs(2, 1), other)
+  with pytest.raises(TypeError, match="state must be an LngramDecodeState"):
+    lngram_decode_step(layer, _inputs(2, 1), {"codes": 0})
+
+
+def test_prefill_refuses_a_valid_mask_of_twos():
+  layer = _layer(CONFIGS["default"])
+  with pytest.raises(ValueError, match=r"valid must be bool or hold only 0 and 1; .*\[2\]"):
+    prefill_decode_state(layer, _inputs(2, 6), valid=jnp.full((2, 6), 2, jnp.int32))
+
+
+def test_nan_at_padding_changes_neither_prefill_nor_the_continuation():
+  """Padding positions of a right-padded prompt hold NaN: the prefill output at
+  real tokens, the state and every decoded step are those of a zero padding."""
+  config = CONFIGS["default"]
+  layer = _layer(config, seed=8)
+  lengths = jnp.array([3, 7])
+  h = _inputs(2, 7, seed=9)
+  pad_BxT = jnp.arange(7)[None] >= lengths[:, None]
+  h_nan = jnp.where(pad_BxT[:, :, None], jnp.nan, h)
+  h_zero = jnp.where(pad_BxT[:, :, None], 0.0, h)
+  y_nan, state_nan = prefill_decode_state(layer, h_nan, lengths=lengths)
+  y_zero, state_zero = prefill_decode_state(layer, h_zero, lengths=lengths)
+  assert not bool(jnp.isnan(y_nan).any())
+  np.testing.assert_array_equal(y_nan, y_zero)
+  for a, b in zip(jax.tree_util.tree_leaves(state_nan), jax.tree_util.tree_leaves(state_zero),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+  new = _inputs(2, 3, seed=10)
+  np.testing.assert_array_equal(_step_all(layer, new, state_nan)[0],
+                                _step_all(layer, new, state_zero)[0])

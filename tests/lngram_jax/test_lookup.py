@@ -1,18 +1,18 @@
-"""The hard lookup and its surrogate gradients against brute-force references.
+"""The hard lookup and its surrogate gradients against the brute-force references.
 
-Every reference here is built from the definitions by enumerating windows,
-routes, slots and codes in plain Python; none reuses the code under test. The
-gradient identities run in float64 so they can be held to rtol 1e-10.
+The references (`lngram_jax.reference`) are built from the definitions by
+enumerating windows, routes, slots and codes in plain Python; none reuses the
+code under test. The gradient identities run in float64 so they can be held to
+rtol 1e-10.
 
 A window is named by its batch row b and last position t; slot u of an order-n
-window holds the symbol at t-n+1+u and weighs K^u in the row
-r·K^n + Σ_u a_u·K^u.
+window holds the symbol at t-n+1+u and weighs C^u in the row
+r·C^n + Σ_u a_u·C^u.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 
 import chex
 import jax
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
+from lngram_jax import reference
 from lngram_jax.lookup import ngram_lookup
 
 MODES = ("exact", "onebit", "ste", "none")
@@ -28,14 +29,14 @@ DM = 3  # memory width: tiny, but > 1 so ⟨g, E⟩ is a real dot product
 
 
 # --------------------------------------------------------------------------
-# Problem builder and pure-Python references.
+# Problem builder; the references are `lngram_jax.reference`.
 
 
 def make_case(seed, *, B, T, R, M, n, packed=False, padded=False, dtype=np.float64):
   rng = np.random.default_rng(seed)
-  K = 2**M
+  C = 2**M
   case = dict(
-      table=rng.normal(size=(R * K**n, DM)).astype(dtype),
+      table=rng.normal(size=(R * C**n, DM)).astype(dtype),
       z=rng.normal(size=(B, T, R, M)).astype(dtype),
       g=rng.normal(size=(B, T, R, DM)).astype(dtype),
       segment_ids=None,
@@ -55,114 +56,18 @@ def make_case(seed, *, B, T, R, M, n, packed=False, padded=False, dtype=np.float
   return case
 
 
-def hard_codes(z_BxTxRxM):
-  B, T, R, M = z_BxTxRxM.shape
-  codes = np.zeros((B, T, R), np.int64)
-  for b, t, r, j in itertools.product(range(B), range(T), range(R), range(M)):
-    codes[b, t, r] += (2**j) * int(z_BxTxRxM[b, t, r, j] > 0)
-  return codes
+def reference_logit_grad(case, *, n, tau, scale, mode):
+  """The closed-form router gradient of `mode` for `case` (lngram_jax.reference, §2.7)."""
+  return reference.surrogate_logit_grad(
+      case["table"], case["z"], case["g"], surrogate=mode, order=n, bits=case["z"].shape[-1],
+      segment_ids=case["segment_ids"], valid=case["valid"], tau=tau, scale=scale)
 
 
-def valid_windows(B, T, n, segment_ids, valid):
-  """[(b, t)] of every window that is whole, in one segment and unpadded."""
-  out = []
-  for b, t in itertools.product(range(B), range(T)):
-    span = range(t - n + 1, t + 1)
-    if t - n + 1 < 0:
-      continue
-    if segment_ids is not None and len({segment_ids[b, s] for s in span}) > 1:
-      continue
-    if valid is not None and not all(valid[b, s] for s in span):
-      continue
-    out.append((b, t))
-  return out
-
-
-def row_of(r, digits, K):
-  return r * K ** len(digits) + sum(d * K**i for i, d in enumerate(digits))
-
-
-def window_digits(codes, b, t, r, n):
-  return [int(codes[b, t - n + 1 + u, r]) for u in range(n)]
-
-
-def code_bits(c, M):
-  return [(c >> j) & 1 for j in range(M)]
-
-
-def exact_reference_grad(case, *, n, tau, scale):
-  """jax.grad of λ Σ_{t,r,u} Σ_c P(c|z_slot)·⟨sg(g[t,r]), E[row with slot u := c]⟩.
-
-  The terms are enumerated in Python; only the final weighted sum is vectorised.
-  The hard codes are fixed (computed once from z) and the table is a constant,
-  so the gradient with respect to z is the exact surrogate by definition.
-  """
-  table, g = case["table"], case["g"]
-  B, T, R, M = case["z"].shape
-  K = 2**M
-  codes = hard_codes(case["z"])
-  b_idx, pos_idx, r_idx, t_idx, rows, betas = [], [], [], [], [], []
-  for b, t in valid_windows(B, T, n, case["segment_ids"], case["valid"]):
-    for r, u, c in itertools.product(range(R), range(n), range(K)):
-      digits = window_digits(codes, b, t, r, n)
-      digits[u] = c
-      b_idx.append(b)
-      pos_idx.append(t - n + 1 + u)
-      r_idx.append(r)
-      t_idx.append(t)
-      rows.append(row_of(r, digits, K))
-      betas.append(code_bits(c, M))
-  b_idx, pos_idx, r_idx, t_idx = map(np.array, (b_idx, pos_idx, r_idx, t_idx))
-
-  def loss(z):
-    if not len(rows):
-      return jnp.sum(z) * 0.0
-    p_NxM = jax.nn.sigmoid(tau * z[b_idx, pos_idx, r_idx])
-    beta_NxM = jnp.asarray(betas, z.dtype)
-    prob_N = jnp.prod(p_NxM**beta_NxM * (1 - p_NxM) ** (1 - beta_NxM), axis=-1)
-    g_NxDm = jax.lax.stop_gradient(jnp.asarray(g)[b_idx, t_idx, r_idx])
-    score_N = jnp.sum(g_NxDm * jnp.asarray(table)[np.array(rows)], axis=-1)
-    return scale * jnp.sum(prob_N * score_N)
-
-  # One compile of the whole reference instead of op-by-op dispatch.
-  return np.asarray(jax.jit(jax.grad(loss))(jnp.asarray(case["z"])))
-
-
-def per_bit_reference(case, *, n, tau, scale, mode):
-  """onebit: λτp(1-p)⟨g, E1 - E0⟩; ste: λτp(1-p)(2b̂-1)⟨g, E_hard⟩; per bit."""
-  table, z, g = case["table"], case["z"], case["g"]
-  B, T, R, M = z.shape
-  K = 2**M
-  codes = hard_codes(z)
-  d_z = np.zeros_like(z)
-  for b, t in valid_windows(B, T, n, case["segment_ids"], case["valid"]):
-    for r, u, j in itertools.product(range(R), range(n), range(M)):
-      pos = t - n + 1 + u
-      p = 1.0 / (1.0 + np.exp(-tau * z[b, pos, r, j]))
-      digits = window_digits(codes, b, t, r, n)
-      if mode == "onebit":
-        with_1, with_0 = list(digits), list(digits)
-        with_1[u] = digits[u] | (1 << j)
-        with_0[u] = digits[u] & ~(1 << j)
-        score = g[b, t, r] @ (table[row_of(r, with_1, K)] - table[row_of(r, with_0, K)])
-      else:
-        hard_bit = (digits[u] >> j) & 1
-        score = (2 * hard_bit - 1) * (g[b, t, r] @ table[row_of(r, digits, K)])
-      d_z[b, pos, r, j] += scale * tau * p * (1 - p) * score
-  return d_z
-
-
-def masked_take_reference(case, *, n):
-  """Plain `take` at Python-built rows, times the window mask (autodiff-able)."""
-  B, T, R, M = case["z"].shape
-  codes = hard_codes(case["z"])
-  rows = np.zeros((B, T, R), np.int32)
-  mask = np.zeros((B, T), case["table"].dtype)
-  for b, t in valid_windows(B, T, n, case["segment_ids"], case["valid"]):
-    mask[b, t] = 1
-    for r in range(R):
-      rows[b, t, r] = row_of(r, window_digits(codes, b, t, r, n), 2**M)
-  return lambda table: jnp.take(table, rows, axis=0) * mask[:, :, None, None], rows, mask
+def reference_lookup(case, *, n, surrogate="none", tau=1.0, scale=1.0):
+  """`reference.lookup` over the case's masks, as a function of (table, z)."""
+  return functools.partial(reference.lookup, order=n, bits=case["z"].shape[-1],
+                           segment_ids=case["segment_ids"], valid=case["valid"],
+                           surrogate=surrogate, tau=tau, scale=scale)
 
 
 def lookup_vjp(table, z, g, segment_ids, valid, *, order, bits, surrogate, tau, scale):
@@ -246,7 +151,7 @@ class SurrogateGradTest(X64TestCase):
     case = make_case(M * 100 + n * 10 + R, B=2, T=T, R=R, M=M, n=n,
                      packed=packed, padded=padded)
     _, _, d_z = run_lookup(self.variant, case, n=n, surrogate="exact", tau=tau, scale=scale)
-    want = exact_reference_grad(case, n=n, tau=tau, scale=scale)
+    want = reference_logit_grad(case, n=n, tau=tau, scale=scale, mode="exact")
     self.assertEqual(d_z.dtype, jnp.float64)
     self.assertGreater(float(jnp.max(jnp.abs(want))), 1e-3)  # not a vacuous case
     np.testing.assert_allclose(np.asarray(d_z), np.asarray(want), rtol=1e-10, atol=1e-13)
@@ -258,12 +163,24 @@ class SurrogateGradTest(X64TestCase):
     case = make_case(7 + M * 100 + n * 10 + R, B=2, T=T, R=R, M=M, n=n,
                      packed=packed, padded=padded)
     _, _, d_z = run_lookup(self.variant, case, n=n, surrogate=mode, tau=tau, scale=scale)
-    want = per_bit_reference(case, n=n, tau=tau, scale=scale, mode=mode)
+    want = reference_logit_grad(case, n=n, tau=tau, scale=scale, mode=mode)
     self.assertGreater(float(np.max(np.abs(want))), 1e-3)
     np.testing.assert_allclose(np.asarray(d_z), want, rtol=1e-10, atol=1e-13)
 
+  @parameterized.parameters("exact", "onebit", "ste")
+  def test_reference_lookup_gradient_is_the_closed_form(self, mode):
+    """The two references agree: autodiff of `reference.lookup` (value + S - sg(S))
+    gives the closed-form surrogate of `reference.*_logit_grad`."""
+    case = make_case(11, B=2, T=6, R=2, M=2, n=2, packed=True, padded=True)
+    fn = jax.jit(reference_lookup(case, n=2, surrogate=mode, tau=0.9, scale=1.3))
+    _, pull = jax.vjp(fn, jnp.asarray(case["table"]), jnp.asarray(case["z"]))
+    _, d_z = pull(jnp.asarray(case["g"]))
+    want = reference_logit_grad(case, n=2, tau=0.9, scale=1.3, mode=mode)
+    self.assertGreater(float(np.max(np.abs(want))), 1e-3)
+    np.testing.assert_allclose(np.asarray(d_z), want, rtol=1e-12, atol=1e-14)
+
   def test_exact_is_onebit_for_one_bit(self):
-    # With K = 2, Σ_c P_c(β_c - p)s_c = p(1-p)(s_1 - s_0): the two modes agree.
+    # With C = 2, Σ_c P_c(β_c - p)s_c = p(1-p)(s_1 - s_0): the two modes agree.
     case = make_case(3, B=2, T=6, R=2, M=1, n=3, packed=True)
     _, _, exact = run_lookup(jax.jit, case, n=3, surrogate="exact", tau=1.3, scale=0.7)
     _, _, onebit = run_lookup(jax.jit, case, n=3, surrogate="onebit", tau=1.3, scale=0.7)
@@ -287,11 +204,13 @@ class ForwardAndTableGradTest(X64TestCase):
   )
   def test_forward_and_table_gradient(self, M, n, packed, padded):
     case = make_case(20 + n, B=2, T=7, R=2, M=M, n=n, packed=packed, padded=padded)
-    take_fn, rows, mask = masked_take_reference(case, n=n)
+    take_fn = functools.partial(reference_lookup(case, n=n), logits_BxTxRxM=case["z"])
     mem_want, pull = jax.vjp(take_fn, jnp.asarray(case["table"]))
     (d_table_want,) = pull(jnp.asarray(case["g"]))
+    rows, ok = reference.rows(reference.codes(case["z"]), order=n, bits=M,
+                              segment_ids=case["segment_ids"], valid=case["valid"])
     read = np.zeros(case["table"].shape[0], bool)
-    read[rows[mask.astype(bool)].reshape(-1)] = True
+    read[rows[ok].reshape(-1)] = True
     self.assertTrue(0 < read.sum() < read.size)
 
     mems = {}
@@ -310,9 +229,8 @@ class ForwardAndTableGradTest(X64TestCase):
   @parameterized.parameters(*MODES)
   def test_invalid_windows_are_inert(self, mode):
     case = make_case(31, B=2, T=7, R=2, M=2, n=3, packed=True, padded=True)
-    ok = np.zeros((2, 7), bool)
-    for b, t in valid_windows(2, 7, 3, case["segment_ids"], case["valid"]):
-      ok[b, t] = True
+    ok = reference.window_valid((2, 7), order=3, segment_ids=case["segment_ids"],
+                                valid=case["valid"])
     self.assertTrue(0 < ok.sum() < ok.size)
     noise = np.random.default_rng(0).normal(size=case["g"].shape) * 1e3
     g_noisy = case["g"] + np.where(ok[:, :, None, None], 0.0, noise)
@@ -360,10 +278,7 @@ class MultiOrderTest(X64TestCase):
     want = np.zeros_like(d_z)
     for n in (2, 3):
       case = dict(cases[n], z=cases[2]["z"], segment_ids=segment_ids)
-      if surrogate == "exact":
-        want += exact_reference_grad(case, n=n, tau=0.8, scale=1.2)
-      else:
-        want += per_bit_reference(case, n=n, tau=0.8, scale=1.2, mode="onebit")
+      want += reference_logit_grad(case, n=n, tau=0.8, scale=1.2, mode=surrogate)
     np.testing.assert_allclose(d_z, want, rtol=1e-10, atol=1e-13)
 
     # Each segment run alone gives the same gradient on its positions: no
@@ -397,7 +312,7 @@ class BadInputTest(chex.TestCase):
                  jnp.zeros((1, 3, 2, 3), jnp.float32))
     self._raises(ValueError, r"table has 31 rows; order=2, R=2, bits=2 need R\*C\^n = 32",
                  table[:31], z)
-    self._raises(ValueError, r"table must have rank 2 \(\[V, Dm\]\)", table[None], z)
+    self._raises(ValueError, r"table must have rank 2 \(\[E, Dm\]\)", table[None], z)
     self._raises(ValueError, "surrogate='straight' is not one of", table, z,
                  surrogate="straight")
     self._raises(TypeError, "logits must be a floating array", table,

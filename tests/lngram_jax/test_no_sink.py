@@ -3,7 +3,8 @@
 Without the sink the readout is a plain softmax over the routes. Every readout
 form (literal, streaming, absorbed, pallas, pallas_fused; the Pallas kernels in
 interpret mode on CPU) must equal a transcription with `jax.nn.softmax` over
-explicit K and V, in values and in the gradients of every parameter and of h.
+explicit K and V (`lngram_jax.reference.softmax_readout`), in values and in the
+gradients of every parameter and of h.
 The layer under test has Hq·Dh = 24 ≠ d = 16 (W_Q [d, Hq·Dh], W_O [Hq·Dh, d]),
 so the same tests cover both variants; decode is checked against the parallel
 forward.
@@ -27,6 +28,7 @@ from lngram_jax import (
   literal_readout,
   lngram_decode_step,
   prefill_decode_state,
+  reference,
   streaming_readout,
 )
 from lngram_jax.config import READOUTS
@@ -46,18 +48,11 @@ def _exact_float32_matmuls():
     yield
 
 
-def softmax_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
-                    sink_logit=None, return_lse=True):
-  """The plain-softmax readout over explicit K, V (what sink=False means); b0 unused."""
+def softmax_piece(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
+                  sink_logit=None, return_lse=True):
+  """`reference.softmax_readout` (what sink=False means) as the core's readout piece."""
   del sink_logit, return_lse
-  Hq, Dh = q_BxTxHqxDh.shape[2:]
-  G = Hq // w_k_DrxHkvxDh.shape[1]
-  k_BxTxRxHqxDh = jnp.repeat(jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxDr, w_k_DrxHkvxDh), G, 3)
-  v_BxTxRxHqxDh = jnp.repeat(jnp.einsum("btrd,dkh->btrkh", mem_BxTxRxDr, w_v_DrxHkvxDh), G, 3)
-  s_BxTxHqxR = jnp.einsum("bthd,btrhd->bthr", q_BxTxHqxDh, k_BxTxRxHqxDh) / math.sqrt(Dh)
-  o_BxTxHqxDh = jnp.einsum("bthr,btrhd->bthd", jax.nn.softmax(s_BxTxHqxR, axis=-1),
-                           v_BxTxRxHqxDh)
-  return o_BxTxHqxDh, jax.nn.logsumexp(s_BxTxHqxR, axis=-1)
+  return reference.softmax_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
 
 
 def _max_rel_err(got, want):
@@ -77,7 +72,7 @@ _FORMS = {
 
 @functools.partial(jax.jit, static_argnames="name")
 def _form_value_and_grads(q, mem, w_k, w_v, g_o, g_lse, *, name):
-  form = softmax_readout if name == "softmax" else functools.partial(
+  form = softmax_piece if name == "softmax" else functools.partial(
       _FORMS[name], sink_logit=CONFIG.sink_logit, return_lse=True)
   (o, lse), vjp = jax.vjp(form, q, mem, w_k, w_v)
   return (o, lse) + vjp((g_o, g_lse))
@@ -118,14 +113,14 @@ def _layer_inputs():
   return (jax.random.normal(kh, (B, T, D)), jax.random.normal(ky, (B, T, D)), segment_ids)
 
 
-@functools.partial(nnx.jit, static_argnames="reference")
-def _layer_value_and_grads(layer, h, g_y, segment_ids, *, reference=False):
+@functools.partial(nnx.jit, static_argnames="plain")
+def _layer_value_and_grads(layer, h, g_y, segment_ids, *, plain=False):
   """y, route mass and the gradients of every parameter and h of Σ g_y·y."""
 
   def loss(layer, h):
-    if reference:  # the core with the plain-softmax readout swapped in
+    if plain:  # the core with the plain-softmax readout swapped in
       y, trace = core.forward(layer.param_arrays(), layer.config, h, segment_ids=segment_ids,
-                              readout=softmax_readout)
+                              readout=softmax_piece)
       aux = core.aux_outputs(layer.config, trace)
     else:
       y, aux = layer(h, segment_ids=segment_ids, return_aux=True)
@@ -136,17 +131,17 @@ def _layer_value_and_grads(layer, h, g_y, segment_ids, *, reference=False):
 
 
 @pytest.fixture(scope="module")
-def reference():
+def plain_softmax():
   """The plain-softmax layer's results, computed once (the form does not enter them)."""
-  return _layer_value_and_grads(_layer(CONFIG), *_layer_inputs(), reference=True)
+  return _layer_value_and_grads(_layer(CONFIG), *_layer_inputs(), plain=True)
 
 
 @pytest.mark.parametrize("readout", READOUTS)
-def test_layer_without_sink_equals_plain_softmax_in_every_form(readout, reference):
+def test_layer_without_sink_equals_plain_softmax_in_every_form(readout, plain_softmax):
   layer = _layer(CONFIG.replace(readout=readout))
   assert layer.w_q.shape == (D, 24) and layer.w_o.shape == (24, D)
   y, mass, (g_layer, g_h) = _layer_value_and_grads(layer, *_layer_inputs())
-  y_ref, _, (g_layer_ref, g_h_ref) = reference
+  y_ref, _, (g_layer_ref, g_h_ref) = plain_softmax
   np.testing.assert_array_equal(mass, 1.0)  # no sink: all mass on the routes
   assert _max_rel_err(y, y_ref) < 2e-5
   assert _max_rel_err(g_h, g_h_ref) < 2e-5
@@ -163,15 +158,15 @@ def test_layer_without_sink_equals_plain_softmax_in_every_form(readout, referenc
 _jit_step = nnx.jit(lngram_decode_step)
 
 
-def test_decode_without_sink_equals_parallel_forward(reference):
+def test_decode_without_sink_equals_parallel_forward(plain_softmax):
   """Prefill 5 packed tokens, decode the last 2: the plain-softmax forward's outputs.
 
   Row 0's segments are 0,0,0,0,1,1,1: decoding continues segment 1. The first
   position is also decoded from an empty state (the same compiled step).
   """
-  layer = _layer(CONFIG)  # the reference's parameters
+  layer = _layer(CONFIG)  # the plain-softmax run's parameters
   h, _, segment_ids = _layer_inputs()
-  want = reference[0]
+  want = plain_softmax[0]
   y_first, _ = _jit_step(layer, h[:, :1], init_decode_state(CONFIG, B))
   np.testing.assert_allclose(y_first, want[:, :1], rtol=1e-5, atol=1e-5)
   y_prompt, state = nnx.jit(prefill_decode_state)(layer, h[:, :5],

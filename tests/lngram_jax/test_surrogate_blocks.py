@@ -1,8 +1,8 @@
-"""The block surrogate backward ("blocks") against its reference twin ("gather").
+"""The block surrogate backward ("blocks") against its gather twin ("gather").
 
 Both compute DESIGN.md §2.7 with the same maths; only the order of the table
 reads (and so the float round-off) differs. The brute-force references of
-`test_lookup.py` are reused for the block form with several window chunks.
+`lngram_jax.reference` check the block form with several window chunks.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_lookup import exact_reference_grad, make_case, per_bit_reference
+from test_lookup import make_case
 
-from lngram_jax import lookup, surrogate_blocks
+from lngram_jax import lookup, reference, surrogate_blocks
 from lngram_jax.addressing import codes_from_logits, ngram_rows
 from lngram_jax.lookup import ngram_lookup, surrogate_logit_grad, use_surrogate_impl
 
@@ -31,8 +31,8 @@ def tiny_chunks(monkeypatch):
 def _problem(seed, *, orders, M=3, R=2, B=2, T=9, Dm=5, packed=True, padded=True,
              dtype=np.float32):
   rng = np.random.default_rng(seed)
-  K = 2**M
-  tables = [jnp.asarray(rng.normal(size=(R * K**n, Dm)), dtype) for n in orders]
+  C = 2**M
+  tables = [jnp.asarray(rng.normal(size=(R * C**n, Dm)), dtype) for n in orders]
   z = jnp.asarray(rng.normal(size=(B, T, R, M)), np.float32)
   gs = [jnp.asarray(rng.normal(size=(B, T, R, Dm)), dtype) for _ in orders]
   seg = valid = None
@@ -112,7 +112,7 @@ def test_chunk_windows():
   assert surrogate_blocks.chunk_windows(5, 4, 256, budget=1 << 30) == 8  # one chunk
 
 
-# The brute-force references of test_lookup.py, against the block form with
+# The brute-force references, against the block form with
 # several chunks (the default implementation may be either).
 @pytest.mark.parametrize("M, n, R, T, packed, padded, tau, scale", [
     (2, 3, 2, 7, True, False, 1.0, 0.25),
@@ -133,10 +133,9 @@ def test_blocks_equal_brute_force(mode, M, n, R, T, packed, padded, tau, scale, 
 
     _, pull = jax.vjp(jax.jit(f), jnp.asarray(case["table"]), jnp.asarray(case["z"]))
     _, d_z = pull(jnp.asarray(case["g"]))
-    if mode == "exact":
-      want = exact_reference_grad(case, n=n, tau=tau, scale=scale)
-    else:
-      want = per_bit_reference(case, n=n, tau=tau, scale=scale, mode=mode)
+    want = reference.surrogate_logit_grad(
+        case["table"], case["z"], case["g"], surrogate=mode, order=n, bits=M,
+        segment_ids=case["segment_ids"], valid=case["valid"], tau=tau, scale=scale)
     assert d_z.dtype == jnp.float64 and float(np.max(np.abs(want))) > 1e-3
     np.testing.assert_allclose(np.asarray(d_z), np.asarray(want), rtol=1e-10, atol=1e-13)
 
@@ -178,13 +177,13 @@ def test_blocks_lower_for_tpu(surrogate):
 def test_slot_block_scores_read_the_slot_candidates(bits, order):
   """One gather index per window and slot fetches the rows base_u + c·C^u, c < C."""
   rng = np.random.default_rng(bits)
-  R, Dm, W = 3, 5, 16
+  R, Dm, windows = 3, 5, 16
   C = 2**bits
   table = jnp.asarray(rng.normal(size=(R * C**order, Dm)), jnp.float32)
-  rows = jnp.asarray(rng.integers(0, R * C**order, W), jnp.int32)
-  g = jnp.asarray(rng.normal(size=(W, Dm)), jnp.float32)
+  rows = jnp.asarray(rng.integers(0, R * C**order, windows), jnp.int32)
+  g = jnp.asarray(rng.normal(size=(windows, Dm)), jnp.float32)
   want = surrogate_blocks.block_scores(table, surrogate_blocks._exact_rows(rows, order, bits),
-                                       g, chunk=4).reshape(W, order, C)
+                                       g, chunk=4).reshape(windows, order, C)
   for slot in range(order):
     got = surrogate_blocks.slot_block_scores(table, rows, g, slot=slot, bits=bits, chunk=4)
     digit = (np.asarray(rows) // C**slot) % C

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from sharding_cases import assert_close, mesh
 
+from lngram_jax.reference import softmax_readout
 from lngram_jax.sharding import merge_partial_attention, sharded_readout
 
 B, T, R, DR, HQ, HKV, DH = 2, 3, 16, 8, 4, 2, 4
@@ -28,14 +29,6 @@ def test_merge_without_sink_is_the_softmax_over_all_shards():
   p = np.exp([0.0, 1.0]) / np.sum(np.exp([0.0, 1.0]))
   np.testing.assert_allclose(u_all[:, 0, 0], p[0] * 1 + p[1] * 3, rtol=1e-6)
   np.testing.assert_allclose(lse[:, 0], np.log(1 + np.e), rtol=1e-6)
-
-
-def _softmax_readout(q, mem, w_k, w_v):
-  """Plain softmax over explicit K, V: o [B, T, Hq, Dh] and lse [B, T, Hq]."""
-  k = jnp.repeat(jnp.einsum("btrd,dkh->btrkh", mem, w_k), HQ // HKV, 3)
-  v = jnp.repeat(jnp.einsum("btrd,dkh->btrkh", mem, w_v), HQ // HKV, 3)
-  s = jnp.einsum("bthd,btrhd->bthr", q, k) / math.sqrt(DH)
-  return jnp.einsum("bthr,btrhd->bthd", jax.nn.softmax(s, axis=-1), v), jax.nn.logsumexp(s, -1)
 
 
 def _values_and_grads(readout, args, cot):
@@ -57,4 +50,4 @@ def test_route_parallel_readout_without_sink_equals_plain_softmax():
   m = mesh(data=2, table=4)  # 4 routes per shard
   got = _values_and_grads(lambda *a: sharded_readout(*a, sink_logit=-math.inf, mesh=m),
                           args, cot)
-  assert_close(got, _values_and_grads(_softmax_readout, args, cot))
+  assert_close(got, _values_and_grads(softmax_readout, args, cot))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -34,16 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from lngram_jax import checks, dataclass_json, history
 from lngram_jax.addressing import shift_right
 from lngram_jax.conv import short_conv
+from lngram_jax.dataclass_json import is_int as _is_int
 from lngram_jax.norms import rms_norm
 
 _INT32_MAX = 2**31 - 1
 _SIGNED_SQRT_FLOOR = 1e-6   # signed_sqrt(x) = sign(x)·sqrt(max(|x|, 1e-6)), as Engram
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,31 +87,22 @@ class EngramConfig:
       raise ValueError(f"{name}: orders={self.orders!r} must be a non-empty tuple of ints.")
     object.__setattr__(self, "orders", tuple(int(n) for n in self.orders))
     for field in ("dtype", "param_dtype"):   # one spelling, so equal configs hash alike
-      try:
-        object.__setattr__(self, field, jnp.dtype(getattr(self, field)))
-      except TypeError as e:
-        raise ValueError(f"{name}: {field}={getattr(self, field)!r} must be a dtype.") from e
+      object.__setattr__(self, field,
+                         dataclass_json.as_float_dtype(name, field, getattr(self, field)))
     if self.orders[0] < 2 or list(self.orders) != sorted(set(self.orders)):
       raise ValueError(f"{name}: orders={self.orders} must be strictly ascending, each >= 2.")
     for field in ("d_model", "heads", "head_dim", "conv_kernel"):
-      v = getattr(self, field)
-      if not _is_int(v) or v < 1:
-        raise ValueError(f"{name}: {field}={v!r} must be a positive int.")
+      dataclass_json.check_positive_int(name, field, getattr(self, field))
     if not _is_int(self.table_base) or self.table_base < 2:
       raise ValueError(f"{name}: table_base={self.table_base!r} must be an int >= 2.")
     if not _is_int(self.vocab_size) or not 1 <= self.vocab_size <= 2**24:
       raise ValueError(f"{name}: vocab_size={self.vocab_size!r} must be an int in [1, 2**24].")
-    if not _is_int(self.hash_seed) or self.hash_seed < 0:
-      raise ValueError(f"{name}: hash_seed={self.hash_seed!r} must be an int >= 0.")
+    dataclass_json.check_int_at_least(name, "hash_seed", self.hash_seed, 0)
     for field in ("case_fold", "zero_init"):
-      if not isinstance(getattr(self, field), bool):
-        raise ValueError(f"{name}: {field}={getattr(self, field)!r} must be a bool.")
-    for field in ("eps", "init_std", "table_init_std"):
-      v = getattr(self, field)
-      if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or (
-          v <= 0 if field == "eps" else v < 0):
-        raise ValueError(f"{name}: {field}={v!r} must be a finite number "
-                         f"{'> 0' if field == 'eps' else '>= 0'}.")
+      dataclass_json.check_bool(name, field, getattr(self, field))
+    dataclass_json.check_finite(name, "eps", self.eps, above=0)
+    for field in ("init_std", "table_init_std"):
+      dataclass_json.check_finite(name, field, getattr(self, field), at_least=0)
     # Rows are int32; primes this sparse stay below twice the base.
     if self.table_base * len(self.orders) * self.heads > 2**29:
       raise ValueError(f"{name}: table_base={self.table_base} must keep table_base·|N|·H "
@@ -300,6 +288,11 @@ def _delta(p: EngramParams, c: EngramConfig, x_BxTxD, rows_BxTxK, *, valid, conv
   """(Y, gate [B, T], conv input) from the rows; `conv` maps the conv input to its output."""
   B, T = x_BxTxD.shape[:2]
   x = x_BxTxD.astype(c.dtype)
+  if valid is not None:
+    # Masks select: padding computes from zeros, so a NaN there reaches no
+    # valid output and no gradient (a product would carry NaN·0 = NaN).
+    valid_BxTx1 = valid.astype(bool)[:, :, None]
+    x = jnp.where(valid_BxTx1, x, 0).astype(c.dtype)
   # Gather, then cast: only the rows read change dtype, never the whole table.
   e_BxTxDe = p.table[rows_BxTxK].astype(c.dtype).reshape(B, T, c.memory_dim)
   key = rms_norm(e_BxTxDe @ p.w_k.astype(c.dtype) + p.b_k.astype(c.dtype), p.k_norm,
@@ -309,10 +302,10 @@ def _delta(p: EngramParams, c: EngramConfig, x_BxTxD, rows_BxTxK, *, valid, conv
   v = g_BxT[..., None] * (e_BxTxDe @ p.w_v.astype(c.dtype) + p.b_v.astype(c.dtype))
   conv_in = rms_norm(v, p.conv_norm, eps=c.eps)
   if valid is not None:
-    conv_in = conv_in * valid[:, :, None].astype(conv_in.dtype)
+    conv_in = jnp.where(valid_BxTx1, conv_in, 0).astype(conv_in.dtype)
   y = v + jax.nn.silu(conv(conv_in, p.conv_kernel.astype(c.dtype)))
   if valid is not None:
-    y = y * valid[:, :, None].astype(y.dtype)
+    y = jnp.where(valid_BxTx1, y, 0).astype(y.dtype)
   return y, g_BxT, conv_in
 
 
@@ -333,48 +326,29 @@ def parallel_forward(p: EngramParams, c: EngramConfig, x_BxTxD, tokens_BxT, segm
 def decode_forward(p: EngramParams, c: EngramConfig, x_Bx1xD, tokens_Bx1,
                    state: EngramDecodeState):
   """One token per row (itself valid, continuing the history's segment): (Y, state)."""
-  B = x_Bx1xD.shape[0]
-  ids_BxH1 = jnp.concatenate([state.ids_BxH, canonical_ids(tokens_Bx1, c.case_fold)], axis=1)
-  ok_BxH1 = jnp.concatenate([state.ids_ok_BxH, jnp.ones((B, 1), bool)], axis=1)
-  window_Bx1xK = jnp.where(ok_BxH1, ids_BxH1, c.pad_id)[:, ::-1][:, None, :]  # [.., k]: t-k
+  window_ids, window_ok = history.step_window(state.ids_BxH, state.ids_ok_BxH,
+                                          canonical_ids(tokens_Bx1, c.case_fold))
+  # [B, 1, max order]: [..., k] is the id at t-k (the pad id where not ok).
+  back_ids = jnp.where(window_ok, window_ids, c.pad_id)[:, ::-1][:, None, :]
   conv_steps = []
 
   def conv(conv_in_Bx1xD, kernel):
-    conv_steps.append(jnp.concatenate(
-        [state.conv_BxSxD, conv_in_Bx1xD.astype(state.conv_BxSxD.dtype)], axis=1))
+    conv_steps.append(history.conv_window(state.conv_BxSxD, conv_in_Bx1xD))
     return short_conv(conv_steps[0], kernel, dilation=c.dilation)[:, -1:]
 
-  y, _, _ = _delta(p, c, x_Bx1xD, table_rows(c, window_Bx1xK), valid=None, conv=conv)
-  return y, EngramDecodeState(ids_BxH=ids_BxH1[:, 1:], ids_ok_BxH=ok_BxH1[:, 1:],
+  y, _, _ = _delta(p, c, x_Bx1xD, table_rows(c, back_ids), valid=None, conv=conv)
+  return y, EngramDecodeState(ids_BxH=window_ids[:, 1:], ids_ok_BxH=window_ok[:, 1:],
                               conv_BxSxD=conv_steps[0][:, 1:])
-
-
-def _take_history(x_BxT, lengths_B, size: int):
-  """x at positions lengths-size .. lengths-1 (clipped) and their in-range mask."""
-  T = x_BxT.shape[1]
-  pos_BxH = lengths_B[:, None] - size + jnp.arange(size, dtype=jnp.int32)
-  idx = jnp.clip(pos_BxH, 0, T - 1).reshape(pos_BxH.shape + (1,) * (x_BxT.ndim - 2))
-  return jnp.take_along_axis(x_BxT, idx, axis=1), pos_BxH >= 0
 
 
 @functools.partial(jax.jit, static_argnames=("c",))
 def prefill_state(c: EngramConfig, tokens_BxT, conv_in_BxTxD, lengths_B, valid_BxT,
                   segment_ids=None) -> EngramDecodeState:
   """The decode state after a right-padded prompt: its last H ids, S conv inputs."""
-  # A history slot is usable if it is a real token of the last token's segment.
-  ok_BxT = valid_BxT.astype(bool)
-  if segment_ids is not None:
-    last_seg_Bx1, _ = _take_history(segment_ids, lengths_B, 1)
-    ok_BxT = ok_BxT & (segment_ids == last_seg_Bx1)
-  H, S = c.max_order - 1, c.conv_context
-  ids_BxH, in_range_BxH = _take_history(canonical_ids(tokens_BxT, c.case_fold), lengths_B, H)
-  ok_BxH, _ = _take_history(ok_BxT, lengths_B, H)
-  conv_BxSxD, conv_in_range_BxS = _take_history(conv_in_BxTxD, lengths_B, S)
-  conv_ok_BxS, _ = _take_history(ok_BxT, lengths_B, S)
-  conv_ok_BxS = conv_ok_BxS & conv_in_range_BxS
-  return EngramDecodeState(
-      ids_BxH=ids_BxH, ids_ok_BxH=ok_BxH & in_range_BxH,
-      conv_BxSxD=conv_BxSxD * conv_ok_BxS[:, :, None].astype(conv_BxSxD.dtype))
+  ids_BxH, ids_ok_BxH, conv_BxSxD = history.prefill_history(
+      canonical_ids(tokens_BxT, c.case_fold), conv_in_BxTxD, lengths_B, valid_BxT,
+      history=c.max_order - 1, conv_context=c.conv_context, segment_ids=segment_ids)
+  return EngramDecodeState(ids_BxH=ids_BxH, ids_ok_BxH=ids_ok_BxH, conv_BxSxD=conv_BxSxD)
 
 
 # --- the branch -------------------------------------------------------------------
@@ -422,8 +396,10 @@ class Engram(nnx.Module):
     return token_rows(self.config, tokens_BxT, segment_ids, valid)
 
   def _parallel(self, x_BxTxD, ctx, valid):
+    checks.check_layer_inputs(self.config.d_model, x_BxTxD, ctx.segment_ids_BxT, valid)
     if ctx.tokens_BxT is None:
       raise ValueError("Engram: the context has no tokens_BxT (Engram hashes token ids).")
+    checks.check_mask("tokens_BxT", ctx.tokens_BxT, x_BxTxD.shape[:2])
     return parallel_forward(self.param_arrays(), self.config, x_BxTxD, ctx.tokens_BxT,
                             ctx.segment_ids_BxT, valid)
 
@@ -433,27 +409,35 @@ class Engram(nnx.Module):
     """(Y, aux): aux rows [B, T, |N|·H] int32 and metric/gate_mean."""
     valid = ctx.valid_BxT
     y, rows, g_BxT, _ = self._parallel(x_BxTxD, ctx, valid)
-    w = jnp.ones(g_BxT.shape, jnp.float32) if valid is None else valid.astype(jnp.float32)
-    gate_mean = jnp.sum(g_BxT.astype(jnp.float32) * w) / jnp.maximum(jnp.sum(w), 1.0)
+    ok = jnp.ones(g_BxT.shape, bool) if valid is None else valid.astype(bool)
+    w = ok.astype(jnp.float32)
+    gate_mean = jnp.sum(jnp.where(ok, g_BxT.astype(jnp.float32), 0)) / jnp.maximum(jnp.sum(w), 1.0)
     return y, {"rows": rows, "metric/gate_mean": gate_mean}
 
   def prefill(self, x_BxTxD, ctx):
+    checks.check_layer_inputs(self.config.d_model, x_BxTxD, ctx.segment_ids_BxT, ctx.valid_BxT)
     B, T = x_BxTxD.shape[:2]
-    lengths = ctx.lengths_B
-    if lengths is None:
-      lengths = (jnp.full((B,), T, jnp.int32) if ctx.valid_BxT is None
-                 else jnp.sum(ctx.valid_BxT, axis=1))
-    lengths_B = jnp.asarray(lengths, jnp.int32)
-    valid = ctx.valid_BxT
-    if valid is None:
-      valid = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
+    lengths_B, valid = history.prompt_lengths(B, T, ctx.lengths_B, ctx.valid_BxT)
     y, _, _, conv_in = self._parallel(x_BxTxD, ctx, valid)
     return y, prefill_state(self.config, ctx.tokens_BxT, conv_in, lengths_B, valid,
                             ctx.segment_ids_BxT)
 
   def decode_step(self, x_Bx1xD, state, ctx):
-    if ctx.tokens_BxT is None or ctx.tokens_BxT.shape[1] != 1:
-      raise ValueError("Engram.decode_step: the context needs tokens_BxT of shape [B, 1].")
+    c = self.config
+    checks.check_layer_inputs(c.d_model, x_Bx1xD)
+    B = x_Bx1xD.shape[0]
+    if x_Bx1xD.shape[1] != 1:
+      raise ValueError(f"Engram.decode_step: x must have shape [B, 1, {c.d_model}]; got "
+                       f"{tuple(x_Bx1xD.shape)}.")
+    if ctx.tokens_BxT is None or tuple(ctx.tokens_BxT.shape) != (B, 1):
+      raise ValueError(f"Engram.decode_step: the context needs tokens_BxT of shape [{B}, 1].")
+    history.check_state_batch("Engram.decode_step", B, state.ids_BxH, state.ids_ok_BxH,
+                              state.conv_BxSxD)
+    H, S = c.max_order - 1, c.conv_context
+    if state.ids_BxH.shape[1:] != (H,) or state.conv_BxSxD.shape[1:] != (S, c.d_model):
+      raise ValueError(f"Engram.decode_step: the state holds {state.ids_BxH.shape[1]} ids and "
+                       f"conv inputs {tuple(state.conv_BxSxD.shape[1:])} but this config needs "
+                       f"H = max order - 1 = {H} ids and (S, D) = {(S, c.d_model)}.")
     return decode_forward(self.param_arrays(), self.config, x_Bx1xD, ctx.tokens_BxT, state)
 
   def init_decode_state(self, batch, ctx):
@@ -466,7 +450,7 @@ class Engram(nnx.Module):
 
   # --- evaluation statistics -------------------------------------------------------
 
-  def metric_sums(self, aux, valid_BxT):
+  def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
     """Per order n: `read_o<n>_max`, a [Σ_h p_n,h] indicator of the rows read by a
     valid token (merged by max across batches), and `tokens`."""
     c = self.config

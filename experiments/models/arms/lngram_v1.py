@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -35,10 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lngram_jax import checks, dataclass_json, history
 from lngram_jax.addressing import codes_from_logits, ngram_rows
 from lngram_jax.config import SURROGATES
 from lngram_jax.conv import short_conv
-from lngram_jax.decode import LngramDecodeState
+from lngram_jax.dataclass_json import is_int as _is_int
+from lngram_jax.decode import LngramDecodeState, check_state, init_decode_state
 from lngram_jax.lookup import gather_rows, ngram_lookup
 from lngram_jax.norms import rms_norm
 
@@ -82,10 +83,9 @@ class LngramV1Config:
   table_init_std: float = 0.0
 
   def __post_init__(self):
+    owner = "LngramV1Config"
     for name in ("d_model", "bits", "mem_dim", "conv_kernel"):
-      v = getattr(self, name)
-      if not _is_int(v) or v < 1:
-        raise ValueError(f"LngramV1Config: {name}={v!r} must be a positive int.")
+      dataclass_json.check_positive_int(owner, name, getattr(self, name))
     if self.bits > 8:
       raise ValueError(f"LngramV1Config: bits={self.bits} must be in [1, 8].")
     if self.d_model % self.bits:
@@ -105,9 +105,7 @@ class LngramV1Config:
       raise ValueError(f"LngramV1Config: surrogate={self.surrogate!r} must be one of "
                        f"{SURROGATES}.")
     for name in ("surrogate_tau", "surrogate_scale", "eps", "init_std", "table_init_std"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-        raise ValueError(f"LngramV1Config: {name}={v!r} must be a finite number.")
+      dataclass_json.check_finite(owner, name, getattr(self, name))
     for name in ("surrogate_tau", "eps"):
       if getattr(self, name) <= 0:
         raise ValueError(f"LngramV1Config: {name}={getattr(self, name)} must be > 0.")
@@ -115,14 +113,8 @@ class LngramV1Config:
       if getattr(self, name) < 0:
         raise ValueError(f"LngramV1Config: {name}={getattr(self, name)} must be >= 0.")
     for name in ("dtype", "param_dtype"):
-      try:
-        dt = jnp.dtype(getattr(self, name))
-      except (TypeError, ValueError) as e:
-        raise ValueError(f"LngramV1Config: {name}={getattr(self, name)!r} must be a "
-                         "float dtype.") from e
-      if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"LngramV1Config: {name}={dt.name} must be a float dtype.")
-      object.__setattr__(self, name, dt)
+      object.__setattr__(self, name,
+                         dataclass_json.as_float_dtype(owner, name, getattr(self, name)))
 
   @property
   def routes(self) -> int:
@@ -145,10 +137,6 @@ class LngramV1Config:
 
   def table_rows(self, order: int) -> int:
     return self.d_model // self.bits * 2 ** (self.bits * order)
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _normal(std, key, shape, dtype):
@@ -198,6 +186,11 @@ class LngramV1(nnx.Module):
     c = self.config
     B, T, D = h_BxTxD.shape
     h_BxTxD = h_BxTxD.astype(c.dtype)
+    if valid_BxT is not None:
+      # Masks select (as lngram_jax.core): padding computes from zeros, so a
+      # NaN there reaches no valid output and no gradient.
+      valid_BxTx1 = valid_BxT.astype(bool)[:, :, None]
+      h_BxTxD = jnp.where(valid_BxTx1, h_BxTxD, 0).astype(c.dtype)
     z_BxTxRxM = self.router_logits(h_BxTxD, norm_scale_D)
     q_BxTxD = rms_norm(h_BxTxD, self.q_norm[...], eps=c.eps).astype(jnp.float32)
     w_k, w_v = self.w_k[...].astype(c.dtype), self.w_v[...].astype(c.dtype)
@@ -215,11 +208,11 @@ class LngramV1(nnx.Module):
     mixed_BxTxD = mixed_BxTxD.astype(c.dtype)
     conv_in_BxTxD = rms_norm(mixed_BxTxD, self.conv_norm[...], eps=c.eps)
     if valid_BxT is not None:
-      conv_in_BxTxD = conv_in_BxTxD * valid_BxT[:, :, None].astype(conv_in_BxTxD.dtype)
+      conv_in_BxTxD = jnp.where(valid_BxTx1, conv_in_BxTxD, 0).astype(conv_in_BxTxD.dtype)
     y_BxTxD = mixed_BxTxD + jax.nn.silu(
         conv(conv_in_BxTxD, self.conv_kernel[...].astype(c.dtype), dilation=c.max_order))
     if valid_BxT is not None:
-      y_BxTxD = y_BxTxD * valid_BxT[:, :, None].astype(y_BxTxD.dtype)
+      y_BxTxD = jnp.where(valid_BxTx1, y_BxTxD, 0).astype(y_BxTxD.dtype)
     return y_BxTxD, z_BxTxRxM, jnp.stack(gates, -1), conv_in_BxTxD
 
   def _parallel(self, h_BxTxD, ctx, valid_BxT):
@@ -242,6 +235,7 @@ class LngramV1(nnx.Module):
   def forward(self, x_BxTxD, ctx):
     """(Y, aux): aux router_codes [B, T, R] int32, gates [B, T, |N|] and the
     training metrics metric/gate_<n> (mean α of order n)."""
+    checks.check_layer_inputs(self.config.d_model, x_BxTxD, ctx.segment_ids_BxT, ctx.valid_BxT)
     y_BxTxD, z_BxTxRxM, gates_BxTxN, _ = self._parallel(x_BxTxD, ctx, ctx.valid_BxT)
     aux = {"router_codes": codes_from_logits(z_BxTxRxM), "gates": gates_BxTxN}
     for i, n in enumerate(self.config.orders):
@@ -250,72 +244,64 @@ class LngramV1(nnx.Module):
 
   def init_decode_state(self, batch, ctx):
     """An empty history (every slot 'before the sequence'): `LngramDecodeState`."""
-    c = self.config
-    return LngramDecodeState(
-        codes_BxHxR=jnp.zeros((batch, c.max_order - 1, c.routes), jnp.int32),
-        codes_ok_BxH=jnp.zeros((batch, c.max_order - 1), bool),
-        conv_BxSxD=jnp.zeros((batch, c.conv_context, c.d_model), c.dtype))
+    # v1's config has the fields the v2 state is sized by (max_order, conv_context,
+    # routes, d_model, dtype): one state type, one constructor.
+    return init_decode_state(self.config, batch)
 
   def prefill(self, x_BxTxD, ctx):
     """The forward over a right-padded prompt and the state after its last token."""
     c = self.config
+    checks.check_layer_inputs(c.d_model, x_BxTxD, ctx.segment_ids_BxT, ctx.valid_BxT)
     B, T = x_BxTxD.shape[:2]
-    lengths_B = (jnp.full((B,), T, jnp.int32) if ctx.lengths_B is None
-                 else jnp.asarray(ctx.lengths_B, jnp.int32))
-    valid_BxT = ctx.valid_BxT
-    if valid_BxT is None:
-      valid_BxT = jnp.arange(T)[None, :] < lengths_B[:, None]
+    # No lengths: the whole row is the prompt (also when a `valid` mask is given).
+    lengths = ctx.lengths_B if ctx.lengths_B is not None else jnp.full((B,), T, jnp.int32)
+    lengths_B, valid_BxT = history.prompt_lengths(B, T, lengths, ctx.valid_BxT)
     y_BxTxD, z_BxTxRxM, _, conv_in_BxTxD = self._parallel(x_BxTxD, ctx, valid_BxT)
-    # A history slot counts if it is a real token of the last token's segment.
-    ok_BxT = valid_BxT.astype(bool)
-    if ctx.segment_ids_BxT is not None:
-      last_seg_Bx1, _ = _history(ctx.segment_ids_BxT, lengths_B, 1)
-      ok_BxT = ok_BxT & (ctx.segment_ids_BxT == last_seg_Bx1)
-    H, S = c.max_order - 1, c.conv_context
-    codes_BxHxR, in_range_BxH = _history(codes_from_logits(z_BxTxRxM), lengths_B, H)
-    ok_BxH, _ = _history(ok_BxT, lengths_B, H)
-    conv_BxSxD, conv_in_range_BxS = _history(conv_in_BxTxD, lengths_B, S)
-    conv_ok_BxS = _history(ok_BxT, lengths_B, S)[0] & conv_in_range_BxS
-    state = LngramDecodeState(
-        codes_BxHxR=codes_BxHxR, codes_ok_BxH=ok_BxH & in_range_BxH,
-        conv_BxSxD=(conv_BxSxD * conv_ok_BxS[:, :, None]).astype(c.dtype))
-    return y_BxTxD, state
+    codes_BxHxR, codes_ok_BxH, conv_BxSxD = history.prefill_history(
+        codes_from_logits(z_BxTxRxM), conv_in_BxTxD, lengths_B, valid_BxT,
+        history=c.max_order - 1, conv_context=c.conv_context, segment_ids=ctx.segment_ids_BxT)
+    return y_BxTxD, LngramDecodeState(codes_BxHxR=codes_BxHxR, codes_ok_BxH=codes_ok_BxH,
+                                      conv_BxSxD=conv_BxSxD.astype(c.dtype))
 
   def decode_step(self, x_Bx1xD, state, ctx):
     """One token per row (always valid), continuing the state's segment."""
     c = self.config
-    B = x_Bx1xD.shape[0]
-    ok_BxH1 = jnp.concatenate([state.codes_ok_BxH, jnp.ones((B, 1), bool)], axis=1)
+    checks.check_layer_inputs(c.d_model, x_Bx1xD)
+    if x_Bx1xD.shape[1] != 1:
+      raise ValueError(f"LngramV1.decode_step: x must have shape [B, 1, {c.d_model}]; got "
+                       f"{tuple(x_Bx1xD.shape)}.")
+    check_state(c, state, x_Bx1xD.shape[0], "LngramV1.decode_step")
 
-    def window_codes(z_Bx1xRxM):
-      return jnp.concatenate([state.codes_BxHxR, codes_from_logits(z_Bx1xRxM)], axis=1)
+    def window(z_Bx1xRxM):
+      return history.step_window(state.codes_BxHxR, state.codes_ok_BxH,
+                                 codes_from_logits(z_Bx1xRxM))
 
     def lookup(table_ExDm, z_Bx1xRxM, order):
       # The same rows as the parallel path, over the last `order` slots.
-      rows_BxnxR, ok_Bxn = ngram_rows(window_codes(z_Bx1xRxM)[:, -order:], order=order,
-                                      bits=c.bits, valid=ok_BxH1[:, -order:])
+      window_codes, window_ok = window(z_Bx1xRxM)
+      rows_BxnxR, ok_Bxn = ngram_rows(window_codes[:, -order:], order=order, bits=c.bits,
+                                      valid=window_ok[:, -order:])
       return gather_rows(table_ExDm, rows_BxnxR[:, -1:], ok_Bxn[:, -1:])
 
     def conv(x_Bx1xD, kernel_WxD, *, dilation):
-      window_BxS1xD = jnp.concatenate([state.conv_BxSxD, x_Bx1xD.astype(c.dtype)], axis=1)
-      return short_conv(window_BxS1xD, kernel_WxD, dilation=dilation)[:, -1:]
+      conv_inputs = history.conv_window(state.conv_BxSxD, x_Bx1xD)
+      return short_conv(conv_inputs, kernel_WxD, dilation=dilation)[:, -1:]
 
     y_Bx1xD, z_Bx1xRxM, _, conv_in_Bx1xD = self._forward(
         x_Bx1xD, ctx.attn_norm_scale_D, lookup=lookup, conv=conv)
+    window_codes, window_ok = window(z_Bx1xRxM)
     new_state = LngramDecodeState(
-        codes_BxHxR=window_codes(z_Bx1xRxM)[:, 1:], codes_ok_BxH=ok_BxH1[:, 1:],
-        conv_BxSxD=jnp.concatenate(
-            [state.conv_BxSxD, conv_in_Bx1xD.astype(c.dtype)], axis=1)[:, 1:])
+        codes_BxHxR=window_codes[:, 1:], codes_ok_BxH=window_ok[:, 1:],
+        conv_BxSxD=history.conv_window(state.conv_BxSxD, conv_in_Bx1xD)[:, 1:])
     return y_Bx1xD, new_state
 
-  # --- evaluation statistics (experiments/train/memory_metrics.py) -------------------
+  # --- evaluation statistics (experiments/tasks/metrics.py) --------------------------
 
-  def metric_sums(self, aux, valid_BxT):
+  def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
     """Per-batch sums: tokens, Σα per order, and each route's code histogram."""
-    # Imported here: experiments.train imports the models (a cycle at load time).
-    from experiments.train.lngram_metrics import code_histogram
+    from experiments.models.memory_stats import code_histogram
     c = self.config
-    w_BxT = valid_BxT.astype(jnp.float32)
+    w_BxT = valid_BxT.astype(bool).astype(jnp.float32)
     sums = {"tokens": w_BxT.sum(),
             "codes": code_histogram(aux["router_codes"], valid_BxT, 2**c.bits)}
     for i, n in enumerate(c.orders):
@@ -325,7 +311,7 @@ class LngramV1(nnx.Module):
   @staticmethod
   def summarise_metrics(sums):
     """gate/<n> (mean α over valid tokens), effective_codes, dead_code_frac."""
-    from experiments.train.lngram_metrics import effective_codes
+    from experiments.models.memory_stats import effective_codes
     tokens = max(float(sums["tokens"]), 1.0)
     out = {f"gate/{k.split('/', 1)[1]}": float(v) / tokens
            for k, v in sums.items() if k.startswith("gate_sum/")}
@@ -335,20 +321,12 @@ class LngramV1(nnx.Module):
     return out
 
 
-def _history(x_BxTx, lengths_B, size: int):
-  """x at positions lengths-size .. lengths-1 (clipped) and whether each is >= 0."""
-  T = x_BxTx.shape[1]
-  pos_BxH = lengths_B[:, None] - size + jnp.arange(size, dtype=jnp.int32)
-  idx_BxH = jnp.clip(pos_BxH, 0, T - 1).reshape((-1, size) + (1,) * (x_BxTx.ndim - 2))
-  return jnp.take_along_axis(x_BxTx, idx_BxH, axis=1), pos_BxH >= 0
-
-
 def param_count(config: LngramV1Config) -> dict[str, int]:
   """Parameters of one layer (the paper's accounting, as for v2's Table 3).
 
   total:  router D², tables R·Dm·Σ_n C^n, W_K/W_V 2·R·Dm·D, b_K/b_V 2D,
           q/k norms 2D, conv W·D and its norm D. This is the authors'
-          estimator (lngram-v1 spec §10) plus the conv norm it omits; the
+          estimator (DESIGN.md §8.3) plus the conv norm it omits; the
           block's pre-attention norm the router reuses is not counted.
   active: what one token touches: everything but the tables, plus one row
           per route of each order (R·|N|·Dm).

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lngram_jax import checks, dataclass_json
 from lngram_jax.norms import rms_norm
 
 QUERY_NORMS = ("rms", "none")
@@ -87,13 +88,9 @@ class PKMConfig:
 
   def __post_init__(self):
     for name in ("d_model", "heads", "key_dim", "num_keys", "topk"):
-      v = getattr(self, name)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"PKMConfig: {name}={v!r} must be a positive int.")
-    if not isinstance(self.value_dim, int) or isinstance(self.value_dim, bool) \
-        or self.value_dim < 0:
-      raise ValueError(f"PKMConfig: value_dim={self.value_dim!r} must be an int >= 0 "
-                       "(0 = d_model).")
+      dataclass_json.check_positive_int("PKMConfig", name, getattr(self, name))
+    dataclass_json.check_int_at_least("PKMConfig", "value_dim", self.value_dim, 0,
+                                      "(0 = d_model)")
     if self.key_dim % 2:
       raise ValueError(f"PKMConfig: key_dim={self.key_dim} must be even (two halves).")
     if self.topk > self.num_keys:
@@ -101,8 +98,7 @@ class PKMConfig:
     if self.num_keys ** 2 > np.iinfo(np.int32).max:
       raise ValueError(f"PKMConfig: num_keys={self.num_keys} must have num_keys² fit int32.")
     for name in ("gated", "key_norm", "zero_init"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"PKMConfig: {name}={getattr(self, name)!r} must be a bool.")
+      dataclass_json.check_bool("PKMConfig", name, getattr(self, name))
     if self.query_norm not in QUERY_NORMS:
       raise ValueError(f"PKMConfig: query_norm={self.query_norm!r} must be one of "
                        f"{QUERY_NORMS}.")
@@ -110,10 +106,7 @@ class PKMConfig:
       raise ValueError(f"PKMConfig: value_dim={self.value_dim} must be 0 or d_model="
                        f"{self.d_model} unless gated (the plain form outputs the values).")
     for name in ("init_std", "eps"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-          or v <= 0:
-        raise ValueError(f"PKMConfig: {name}={v!r} must be a finite number > 0.")
+      dataclass_json.check_finite("PKMConfig", name, getattr(self, name), above=0)
 
   @property
   def dv(self) -> int:
@@ -194,6 +187,9 @@ class PKM(nnx.Module):
     """y [B, T, D] float32 and aux {"slots": int32 [B, T, H, P], "weights": [B, T, H, P]}."""
     c = self.config
     B, T, _ = x_BxTxD.shape
+    if valid_BxT is not None:
+      # Padding computes from zeros (a select): a NaN there reaches no gradient.
+      x_BxTxD = jnp.where(valid_BxT.astype(bool)[..., None], x_BxTxD, 0).astype(x_BxTxD.dtype)
     u_BxTxD = rms_norm(x_BxTxD.astype(jnp.float32), eps=c.eps)
     q_BxTxHxDk = (u_BxTxD @ self.w_q[...]).reshape(B, T, c.heads, c.key_dim)
     if self.query_norm is not None:
@@ -221,6 +217,7 @@ class PKMMemory(PKM):
     """aux: `slots` [B, T, H, P], `metric/batch_slot_usage` (the share of the Nk²
     values this batch's valid tokens read: the training-time slot usage) and,
     with ctx.probe, the softmax `weights` [B, T, H, P]."""
+    checks.check_layer_inputs(self.config.d_model, x_BxTxD, valid=ctx.valid_BxT)
     y_BxTxD, aux = self(x_BxTxD, ctx.valid_BxT)
     read_Ns = self.metric_sums(aux, ctx.valid_BxT)["slots_read_max"]
     out = {"slots": aux["slots"], "metric/batch_slot_usage": jnp.mean(read_Ns)}
@@ -237,7 +234,7 @@ class PKMMemory(PKM):
   def init_decode_state(self, batch, ctx):
     return None
 
-  def metric_sums(self, aux, valid_BxT):
+  def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
     """Eval sums of one batch: `slots_read_max` [Ns] 1.0 where a valid token read
     the slot (merged by max across batches) and `tokens`, the valid tokens."""
     slots_BxTxHxP = aux["slots"]

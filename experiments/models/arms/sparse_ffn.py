@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lngram_jax import checks, dataclass_json
 from lngram_jax.norms import rms_norm
 
 DISPATCHES = ("tiled", "ragged", "dense")
@@ -80,21 +81,14 @@ class SparseFFNConfig:
   tile: int = 32
 
   def __post_init__(self):
+    owner = "SparseFFNConfig"
     for name in ("d_model", "experts", "expert_dim", "tile"):
-      v = getattr(self, name)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"SparseFFNConfig: {name}={v!r} must be a positive int.")
-    v = self.shared_dim
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-      raise ValueError(f"SparseFFNConfig: shared_dim={v!r} must be an int >= 0.")
-    for name, lo, strict in (("balance_coef", 0.0, False), ("init_std", 0.0, True),
-                             ("out_init_std", 0.0, False), ("eps", 0.0, True)):
-      v = getattr(self, name)
-      ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            and (v > lo if strict else v >= lo))
-      if not ok:
-        raise ValueError(f"SparseFFNConfig: {name}={v!r} must be a finite number "
-                         f"{'>' if strict else '>='} {lo}.")
+      dataclass_json.check_positive_int(owner, name, getattr(self, name))
+    dataclass_json.check_int_at_least(owner, "shared_dim", self.shared_dim, 0)
+    for name in ("balance_coef", "out_init_std"):
+      dataclass_json.check_finite(owner, name, getattr(self, name), at_least=0.0)
+    for name in ("init_std", "eps"):
+      dataclass_json.check_finite(owner, name, getattr(self, name), above=0.0)
     if self.dispatch not in DISPATCHES:
       raise ValueError(f"SparseFFNConfig: dispatch={self.dispatch!r} must be one of "
                        f"{DISPATCHES}.")
@@ -258,6 +252,10 @@ class SparseFFN(nnx.Module):
     """(y [B, T, D] in x's dtype, p [B, T, E], e [B, T])."""
     c = self.config
     B, T, D = x_BxTxD.shape
+    if valid_BxT is not None:
+      # Padding computes from zeros (a select): a NaN there reaches no gradient
+      # and no aux loss. Each token's expert output is its own (no dropping).
+      x_BxTxD = jnp.where(valid_BxT.astype(bool)[..., None], x_BxTxD, 0).astype(x_BxTxD.dtype)
     h_BxTxD, p_BxTxE, e_BxT = self.route(x_BxTxD)
     experts = {"tiled": self._experts_tiled, "ragged": self._experts_ragged,
                "dense": self._experts_dense}[c.dispatch]
@@ -269,13 +267,14 @@ class SparseFFN(nnx.Module):
       y_BxTxD = y_BxTxD + _swiglu(h_BxTxD, self.shared_gate[...], self.shared_up[...],
                                   self.shared_down[...])
     if valid_BxT is not None:
-      y_BxTxD = jnp.where(valid_BxT[..., None], y_BxTxD, 0)
+      y_BxTxD = jnp.where(valid_BxT.astype(bool)[..., None], y_BxTxD, 0)
     return y_BxTxD.astype(x_BxTxD.dtype), p_BxTxE, e_BxT
 
   def forward(self, x_BxTxD, ctx):
     """(y, aux): aux_loss = α·E·Σ f_e·P_e over the valid tokens; the busiest
     expert's share of them; the chosen experts (for `metric_sums`)."""
     c = self.config
+    checks.check_layer_inputs(c.d_model, x_BxTxD, valid=ctx.valid_BxT)
     y_BxTxD, p_BxTxE, e_BxT = self(x_BxTxD, ctx.valid_BxT)
     f_E, P_E = load_and_prob(p_BxTxE, e_BxT, ctx.valid_BxT, c.experts)
     aux = {"aux_loss": (c.balance_coef * c.experts * jnp.sum(f_E * P_E)).astype(jnp.float32),
@@ -292,10 +291,10 @@ class SparseFFN(nnx.Module):
   def init_decode_state(self, batch, ctx):
     return None
 
-  def metric_sums(self, aux, valid_BxT):
+  def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
     """Valid tokens per expert [E] and in all, over one eval batch."""
     w_BxT = jnp.ones(aux["expert"].shape, jnp.float32) if valid_BxT is None else (
-        valid_BxT.astype(jnp.float32))
+        valid_BxT.astype(bool).astype(jnp.float32))
     onehot_BxTxE = jax.nn.one_hot(aux["expert"], self.config.experts, dtype=jnp.float32)
     return {"expert_tokens": jnp.einsum("bt,bte->e", w_BxT, onehot_BxTxE),
             "tokens": w_BxT.sum()}
@@ -312,11 +311,13 @@ class SparseFFN(nnx.Module):
 def load_and_prob(p_BxTxE, e_BxT, valid_BxT, experts: int):
   """(f [E], P [E]): the share of valid tokens routed to each expert and the
   mean router probability of each over the valid tokens (f carries no gradient)."""
-  w_BxT = jnp.ones(e_BxT.shape, jnp.float32) if valid_BxT is None else (
-      valid_BxT.astype(jnp.float32))
+  ok_BxT = jnp.ones(e_BxT.shape, bool) if valid_BxT is None else valid_BxT.astype(bool)
+  w_BxT = ok_BxT.astype(jnp.float32)
   n = jnp.maximum(w_BxT.sum(), 1.0)
   f_E = jnp.einsum("bt,bte->e", w_BxT, jax.nn.one_hot(e_BxT, experts, dtype=jnp.float32)) / n
-  P_E = jnp.einsum("bt,bte->e", w_BxT, p_BxTxE.astype(jnp.float32)) / n
+  # Selected, not weighted: a NaN probability at padding must not reach the loss.
+  p_BxTxE = jnp.where(ok_BxT[..., None], p_BxTxE.astype(jnp.float32), 0)
+  P_E = jnp.einsum("bt,bte->e", w_BxT, p_BxTxE) / n
   return jax.lax.stop_gradient(f_E), P_E
 
 

@@ -43,6 +43,8 @@ def test_analyze_runs_every_analysis(smoke_run_copy, capsys):
       assert (out_dir / f"{name}.{ext}").stat().st_size > 0, (name, ext)
   assert {"records_reference.npz", "records_heldout.npz"} <= {p.name for p in out_dir.iterdir()}
   res = {name: json.loads((out_dir / f"{name}.json").read_text()) for name in LM_ANALYSES}
+  # Every result says what it was computed from (the newest step, the seed given).
+  assert {(r["source"]["step"], r["source"]["seed"]) for r in res.values()} == {(2, 1)}
   assert set(res["utilisation"]["layers"]) == {"1"}   # the smoke model's one Lngram layer
   assert res["id_knn"]["layers"]["1"]["permutation"]
   stab = res["stability"]
@@ -85,9 +87,9 @@ def test_analyze_tells_lm_from_vlm_runs(smoke_run, tmp_path):
   from flax import nnx
 
   from experiments.analysis.run import run_kind
-  from experiments.checkpoint import run_checkpointer
   from experiments.configs import load_config
-  from experiments.train import saved_config
+  from experiments.tasks import saved_config
+  from experiments.trainer.checkpoint import run_checkpointer
   from experiments.vlm.config import vlm_config
   from experiments.vlm.model import VLM
 

@@ -167,3 +167,20 @@ def test_save_load_round_trip(reference, tmp_path):
     np.testing.assert_array_equal(back.targets[level][1], labels)
   sub = records_lib.take(back, np.arange(5))
   assert sub.num_positions == 5 and sub.codes[1].shape == (5, LNGRAM.routes)
+
+
+def test_a_failed_save_keeps_the_old_records(reference, tmp_path, monkeypatch):
+  # The cache is replaced atomically: a write that dies midway leaves the old file whole.
+  path = records_lib.save_records(reference, tmp_path / "records_reference.npz")
+  old = path.read_bytes()
+
+  def dies_midway(f, **arrays):
+    f.write(b"PK\x03\x04 a few bytes of a zip")
+    raise OSError("disk full")
+
+  monkeypatch.setattr(records_lib.np, "savez", dies_midway)
+  with pytest.raises(OSError, match="disk full"):
+    records_lib.save_records(reference, path)
+  assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == [path.name]
+  monkeypatch.undo()
+  assert records_lib.load_records(path).split == reference.split

@@ -85,3 +85,46 @@ def assert_decode_from_empty_state(branch, x, tokens, *, rtol=1e-5, atol=1e-6):
 def assert_zero_at_init(branch, x, tokens):
   """The branch adds exactly nothing before training."""
   np.testing.assert_array_equal(np.asarray(run(branch, x, tokens)), 0.0)
+
+
+def liven(branch, *, seed=3, std=0.5):
+  """Every parameter redrawn nonzero (zero-init tables, conv taps, W_o ...), so a
+  mask that leaks shows up in the output."""
+  rng = np.random.default_rng(seed)
+  for _, param in nnx.to_flat_state(nnx.state(branch, nnx.Param)):
+    param[...] = jnp.asarray(std * rng.standard_normal(param.shape), param[...].dtype)
+  return branch
+
+
+def assert_nan_at_padding_is_ignored(branch, x, tokens, *, lengths=(5, 12)):
+  """NaN at padding positions: the outputs (all finite, zero at padding), the
+  aux loss and every gradient equal those of a zero padding."""
+  B, T = tokens.shape
+  valid = jnp.arange(T)[None] < jnp.asarray(lengths)[:, None]
+  x_nan = jnp.where(valid[..., None], x, jnp.nan)
+  x_zero = jnp.where(valid[..., None], x, 0.0)
+  w = jax.random.normal(jax.random.key(11), x.shape)
+
+  def loss(branch, x_):
+    y, aux = branch.forward(x_, BranchContext(tokens_BxT=tokens, valid_BxT=valid))
+    return jnp.sum(y * w) + aux.get("aux_loss", 0.0), y
+
+  grads = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  (l_nan, y_nan), (g_nan, gx_nan) = grads(branch, x_nan)
+  (l_zero, y_zero), (g_zero, gx_zero) = grads(branch, x_zero)
+  assert bool(jnp.isfinite(y_nan).all()), "NaN at padding reached the output"
+  np.testing.assert_array_equal(np.asarray(y_nan), np.asarray(y_zero))
+  np.testing.assert_array_equal(np.asarray(y_nan)[~np.asarray(valid)], 0.0)
+  assert float(l_nan) == float(l_zero)
+  np.testing.assert_array_equal(np.asarray(gx_nan), np.asarray(gx_zero))
+  for (path, a), (_, b) in zip(nnx.to_flat_state(g_nan), nnx.to_flat_state(g_zero),
+                               strict=True):
+    np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+
+
+def assert_valid_of_twos_is_refused(branch, x, tokens):
+  """A mask selects, it never scales: a concrete valid holding a 2 is an error."""
+  import pytest
+  twos = jnp.full(tokens.shape, 2, jnp.int32)
+  with pytest.raises(ValueError, match=r"valid must be bool or hold only 0 and 1"):
+    branch.forward(x, BranchContext(tokens_BxT=tokens, valid_BxT=twos))

@@ -8,10 +8,10 @@ import pytest
 from cli_runner import run_cli
 from flax import nnx
 
-from experiments.checkpoint import restore
 from experiments.configs import load_config
 from experiments.models import DecoderLM, generate, lm_config
-from experiments.train.evaluate import evaluate_run
+from experiments.tasks.evaluate import evaluate_run
+from experiments.tasks.restore import restore
 
 ARMS = ["lm_pkm.py:smoke,gated", "lm_engram.py:smoke", "lm_lngram_v1.py:smoke",
         "lm_sparse_ffn.py:smoke", "lm_lngram.py:smoke,nosink"]

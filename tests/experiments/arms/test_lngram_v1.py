@@ -362,7 +362,7 @@ def test_registered_builds_an_lm_that_decodes_and_round_trips_json():
   hands the branch its attention-norm weight in every mode) == its parallel forward."""
   from experiments.models.config import LMConfig
   from experiments.models.lm import DecoderLM
-  from experiments.train import memory_metrics
+  from experiments.tasks import metrics as memory_metrics
 
   c = LngramV1Config(d_model=D, bits=BITS, mem_dim=DM, surrogate="exact", orders=[1, 3])
   lm = LMConfig(d_model=D, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32,

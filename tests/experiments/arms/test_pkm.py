@@ -174,7 +174,7 @@ def test_registered_builds_an_lm_and_round_trips():
   from experiments.models.branches import KINDS
   from experiments.models.config import LMConfig
   from experiments.models.lm import DecoderLM
-  from experiments.train.optimizer import param_group
+  from experiments.trainer.optimizer import param_group
 
   assert KINDS["pkm"].module is PKMMemory and pkm.SLOT == "memory"
   config = LMConfig(d_model=D, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32,

@@ -1,0 +1,16 @@
+"""Pretrained Hugging Face backbones (Qwen3, Llama, Qwen2) in the one decoder, without torch.
+
+Modules: `safetensors_io` (memory-mapped safetensors reading, single or
+sharded, with the checks of a damaged file), `config` (config.json ->
+LMConfig), `names` (HF tensor names <-> our parameter paths, with the
+transposes), `load` (`load_hf`, `fill_backbone`: shape-only build, then each
+tensor into its shard). Every refusal is an `HFCheckpointError` (a
+ValueError) of one line. Mapping and deviations: DESIGN.md §11.
+"""
+
+from experiments.hf.config import hf_lm_config, read_config_json
+from experiments.hf.load import fill_backbone, load_hf
+from experiments.hf.safetensors_io import HFCheckpointError
+
+__all__ = ["HFCheckpointError", "fill_backbone", "hf_lm_config", "load_hf",
+           "read_config_json"]

@@ -1,0 +1,63 @@
+"""`init_from=hf:DIR`: an experiment config whose backbone is a Hugging Face checkpoint's.
+
+    with_hf_backbone(config)   a copy whose model block describes the backbone
+                               in DIR; the training run then copies its tensors
+                               in (experiments/tasks/init_from.py)
+
+Backbone shape fields of the experiment config (d_model, n_layers, n_heads,
+n_kv_heads, head_dim, ffn_dim, vocab_size) are 0 ("from config.json") or must
+equal config.json's, else the config is refused with the fields named; the
+family options (RoPE, norms, biases, tied output) always come from
+config.json (DESIGN.md §11). The memory and beside-FFN slots stay the
+config's.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from experiments.hf.config import hf_lm_config, read_config_json
+from experiments.hf.safetensors_io import HFCheckpointError
+from experiments.models.config import LMConfig
+
+HF_PREFIX = "hf:"
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
+                "vocab_size")
+FAMILY_FIELDS = ("rope_theta", "rope_scaling", "tie_embeddings", "norm_eps", "qkv_bias",
+                 "qk_norm", "norm_scale_in_dtype")
+
+
+def hf_dir_of(init_from) -> str | None:
+  """The checkpoint directory of `init_from=hf:DIR`, else None."""
+  text = str(init_from or "")
+  return text[len(HF_PREFIX):] if text.startswith(HF_PREFIX) else None
+
+
+def set_backbone(model_block, lm: LMConfig, *, check: bool) -> None:
+  """Writes `lm`'s backbone into an experiment config's model block (in place);
+  `check`: refuse nonzero shape fields that differ from `lm`'s, naming them."""
+  if check:
+    diffs = [f"model.{f}={model_block.get(f)!r} (config.json: {getattr(lm, f)!r})"
+             for f in SHAPE_FIELDS if model_block.get(f) not in (0, None)
+             and model_block.get(f) != getattr(lm, f)]
+    if diffs:
+      raise HFCheckpointError("the config contradicts the checkpoint's config.json: "
+                              + "; ".join(diffs) + " (set them to 0 to take config.json's).")
+  for field in SHAPE_FIELDS + FAMILY_FIELDS:
+    model_block[field] = getattr(lm, field)
+
+
+def with_hf_backbone(config):
+  """A copy of `config` whose model block describes the `init_from=hf:DIR` backbone."""
+  hf_dir = hf_dir_of(config.get("init_from", ""))
+  if hf_dir is None:
+    return config
+  lm = hf_lm_config(read_config_json(hf_dir), dtype=config.model.get("dtype"),
+                    param_dtype=config.model.get("param_dtype"))
+  if config.get("data", {}).get("kind", "bytes") == "bytes" and lm.vocab_size < 256:
+    raise HFCheckpointError(f"init_from={config.init_from}: a vocabulary of {lm.vocab_size} "
+                            "tokens cannot read byte data (256 values); use data.kind=tokens "
+                            "with the checkpoint's tokenizer.")
+  config = ml_collections.ConfigDict(config.to_dict())
+  set_backbone(config.model, lm, check=True)
+  return config

@@ -1,0 +1,122 @@
+"""Load a Hugging Face Qwen3 / Llama / Qwen2 checkpoint into the one `DecoderLM`.
+
+    model, config = load_hf(hf_dir)                 the backbone alone
+    fill_backbone(model, hf_dir)                    into a model with memory slots
+
+The model is built shape-only (`nnx.eval_shape`: no weights drawn, no memory
+used); each parameter is then assembled from its memory-mapped HF tensors
+(experiments/hf/names.py) and put on device, one at a time, so the host holds
+about one tensor beyond the file pages it reads. With a `mesh` every parameter
+goes straight into its shard (`jax.make_array_from_callback`): each process
+reads only the slices its own devices hold. Every check (tensors missing or
+unexpected, shapes) runs before the first tensor is read.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from experiments.hf.config import check_matches, hf_lm_config, read_config_json
+from experiments.hf.names import hf_shapes, ignorable, param_targets
+from experiments.hf.safetensors_io import Checkpoint, HFCheckpointError
+from experiments.models.config import LMConfig
+from experiments.models.lm import DecoderLM
+from experiments.trainer.optimizer import path_str
+from experiments.trainer.placement import param_spec
+
+
+def _named(names, limit=6) -> str:
+  names = sorted(names)
+  more = f" and {len(names) - limit} more" if len(names) > limit else ""
+  return ", ".join(names[:limit]) + more
+
+
+def check_tensors(ckpt: Checkpoint, config: LMConfig) -> None:
+  """Refuses missing / unexpected tensors and shape mismatches, naming them."""
+  want = hf_shapes(config)
+  have = ckpt.names()
+  missing = set(want) - have
+  if missing:
+    raise HFCheckpointError(f"{ckpt.dir}: missing tensors {_named(missing)}.")
+  unexpected = {n for n in have - set(want) if not ignorable(n, config)}
+  if unexpected:
+    raise HFCheckpointError(f"{ckpt.dir}: unexpected tensors {_named(unexpected)} (not "
+                            "part of the model config.json describes).")
+  for name, shape in sorted(want.items()):
+    if ckpt.shape(name) != shape:
+      raise HFCheckpointError(f"{ckpt.dir}: tensor {name} has shape {list(ckpt.shape(name))}, "
+                              f"config.json implies {list(shape)}.")
+
+
+def _put(host_fn, shape, dtype, sharding):
+  """One parameter on device: whole, or shard by shard from `host_fn()` (a lazy view)."""
+  if sharding is None:
+    return jax.device_put(np.asarray(host_fn(), dtype=dtype))
+  host = host_fn()
+  return jax.make_array_from_callback(
+      shape, sharding, lambda index: np.asarray(host[index], dtype=dtype))
+
+
+def _strip(path):
+  return tuple(k for k in path
+               if not (isinstance(k, jax.tree_util.GetAttrKey) and k.name == "value"))
+
+
+def fill_backbone(model: DecoderLM, hf_dir, *, mesh=None, rules=None) -> dict:
+  """Sets every backbone parameter of `model` (abstract or concrete) from the checkpoint.
+
+  Parameters the checkpoint has no tensor for (memory and beside-FFN branches)
+  keep their values; in an abstract model that is an error. Returns {"copied",
+  "fresh" (paths left as they were)}.
+  """
+  hf_config = hf_lm_config(read_config_json(hf_dir), dtype=model.config.dtype,
+                           param_dtype=model.config.param_dtype)
+  check_matches(hf_config, model.config)
+  ckpt = Checkpoint(hf_dir)
+  check_tensors(ckpt, model.config)
+  targets = param_targets(model.config)
+  params = nnx.state(model, nnx.Param)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  new, fresh = [], []
+  for path, leaf in leaves:
+    name = path_str(_strip(path))
+    target = targets.get(name)
+    if target is None:
+      if isinstance(leaf, jax.ShapeDtypeStruct):
+        raise HFCheckpointError(f"{hf_dir}: no tensor for parameter {name}.")
+      fresh.append(name)
+      new.append(leaf)
+      continue
+    sharding = None
+    if mesh is not None:
+      sharding = NamedSharding(mesh, param_spec(tuple(name.split("/")), leaf.shape, mesh,
+                                                rules))
+    host_fn = lambda t=target: t.build(*(ckpt.tensor(s) for s in t.sources))  # noqa: E731
+    new.append(_put(host_fn, tuple(leaf.shape), leaf.dtype, sharding))
+  nnx.update(model, jax.tree_util.tree_unflatten(treedef, new))
+  return {"copied": len(targets), "fresh": fresh}
+
+
+def load_hf(hf_dir, *, config: LMConfig | None = None, mesh=None, rules=None, dtype=None,
+            param_dtype=None, max_len=None) -> tuple[DecoderLM, LMConfig]:
+  """(model, config) of a Hugging Face checkpoint directory.
+
+  config: the LMConfig to build (e.g. with memory slots; its backbone fields
+  must match config.json); default the checkpoint's own, with dtype /
+  param_dtype (default the checkpoint's) and max_len (default
+  max_position_embeddings). Branch parameters are drawn from their init
+  (seed 0); the backbone is never drawn.
+  """
+  if config is None:
+    config = hf_lm_config(read_config_json(hf_dir), dtype=dtype, param_dtype=param_dtype,
+                          max_len=max_len)
+  abstract = nnx.eval_shape(lambda: DecoderLM(config, rngs=nnx.Rngs(0)))
+  if config.memory_layers or config.ffn_branch_layers:
+    model = DecoderLM(config, rngs=nnx.Rngs(0))
+  else:
+    model = abstract
+  fill_backbone(model, hf_dir, mesh=mesh, rules=rules)
+  return model, config

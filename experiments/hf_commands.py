@@ -1,0 +1,65 @@
+"""The `lngram-exp` Hugging Face commands: their flags and bodies (experiments/cli/ calls them).
+
+    lngram-exp import-hf --hf_dir=checkpoints/Qwen3-1.7B --workdir=runs/qwen3
+    lngram-exp export-hf --workdir=runs/qwen3_lngram --out=exported/ [--step=N]
+
+writes a run directory (saved config, step-0 checkpoint, tokenizer files)
+that `eval`, `sample`, `analyze`, `experiments.restore` and
+`--config.init_from=<workdir>` read like any run; `--config.init_from=hf:DIR`
+in `train` starts a run from the checkpoint directly. `export-hf` writes a
+run's backbone back as a checkpoint `transformers` loads. The library is
+`experiments.hf` (DESIGN.md §11); a mistake is a one-line ValueError.
+Imports nothing heavy at module level: the CLI reads the tables below first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "import-hf": "a Hugging Face checkpoint (Qwen3, Llama, Qwen2) as a run directory",
+    "export-hf": "an LM run's backbone as a Hugging Face checkpoint in --out",
+}
+# --out and --step are defined by experiments/data_commands.py and experiments/cli/.
+FLAGS_OF = {"import-hf": {"hf_dir", "workdir"}, "export-hf": {"workdir", "out", "step"}}
+# (absl kind, name, default, lower bound, help), as experiments/cli/ defines its own.
+FLAGS = [
+    ("string", "hf_dir", None, None, "import-hf: a Hugging Face checkpoint directory "
+     "(config.json + safetensors)."),
+]
+
+
+def run(command: str, f) -> int:
+  """Runs HF command `command` with the parsed flags `f`."""
+  from experiments.overrides import UsageError
+
+  needs = ("hf_dir", "workdir") if command == "import-hf" else ("workdir", "out")
+  missing = [name for name in needs if not f[name].value]
+  if missing:
+    raise UsageError(f"lngram-exp {command} needs --{' --'.join(missing)}.")
+  if command == "export-hf":
+    return export_hf_command(f.workdir, f.out, step=f.step)
+  return import_hf_command(f.hf_dir, f.workdir)
+
+
+def import_hf_command(hf_dir: str, workdir: str) -> int:
+  """Imports the checkpoint and prints what the run directory holds."""
+  from experiments.hf.run_dir import import_hf
+
+  out = import_hf(hf_dir, workdir)
+  c = out["config"]
+  print(f"done: {c.n_layers} layers, d_model {c.d_model}, vocabulary {c.vocab_size}, "
+        f"{out['params']} arrays ({c.param_dtype.name}) as step 0 of {out['workdir']}; "
+        f"kept {', '.join(out['kept']) or 'no tokenizer files'}")
+  return 0
+
+
+def export_hf_command(workdir: str, out: str, *, step: int | None = None) -> int:
+  """Exports the run's backbone and prints where it went."""
+  from experiments.hf.export import export_hf
+
+  done = export_hf(workdir, out, step=step)
+  print(f"checkpoint step {done['step']} of {workdir}", file=sys.stderr)
+  print(f"done: {done['tensors']} tensors in {len(done['files'])} file(s), config.json in "
+        f"{done['out']}")
+  return 0

@@ -1,0 +1,97 @@
+"""What the Lngram reproduction runs have written, read back for the report.
+
+`collect(root)` gathers, for every run of `experiments.reproduce.plan()` that has
+written metrics, its final validation bits per byte, its validation curve, its
+median training tokens/s and where its numbers come from (corpus hash, wall
+time); `finals` and `mean_std` summarise an arm's seeds; `read_analysis` reads one
+`<run>/analysis/<name>.json` that `lngram-exp analyze` wrote. `experiments.report`
+(the tables) and `experiments.report_analyses` (the analysis sections) both read
+runs through this module, so neither imports the other's internals. (The plots the
+report draws go to the folder `experiments/results/`, which this module does not
+touch.)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from experiments import reproduce
+from experiments.trainer.writers import read_metrics
+
+
+def eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
+  return [(int(r["step"]), float(r["eval/bits_per_byte"])) for r in rows
+          if "eval/bits_per_byte" in r]
+
+
+def tokens_per_s(rows: list[dict]) -> float | None:
+  # The first logged interval includes compilation: skip it.
+  values = [float(r["train/tokens_per_s"]) for r in rows if "train/tokens_per_s" in r][1:]
+  return statistics.median(values) if values else None
+
+
+def run_provenance(workdir: Path) -> dict:
+  """The corpus content hash and the wall time of a run: from its corpus manifest
+  (written at the start) to its last metrics row (includes pauses of resumed runs)."""
+  manifest = Path(workdir) / "corpus_manifest.json"
+  metrics = Path(workdir) / "metrics.jsonl"
+  if not manifest.exists():
+    return {"corpus": None, "wall_s": None}
+  corpus = json.loads(manifest.read_text()).get("content_sha256")
+  wall = metrics.stat().st_mtime - manifest.stat().st_mtime if metrics.exists() else None
+  return {"corpus": corpus, "wall_s": wall}
+
+
+def collect(root: Path) -> dict:
+  """{experiment: {name: {"config", "seeds": {seed: {"final", "curve", "tok_s", "corpus",
+  "wall_s"}}}}} of the runs under `root` that have written metrics."""
+  out: dict = defaultdict(dict)
+  runs = reproduce.plan()
+  by_key = {r.key: r for r in runs}
+  for run in runs:
+    workdir = reproduce.run_dir(run, root)
+    rows = read_metrics(workdir)
+    if not rows:
+      continue
+    entry = out[run.experiment].setdefault(run.name, {"config": run.config, "seeds": {}})
+    # An inserted run's curve continues its backbone's: steps on the model's own clock.
+    offset = reproduce.step_offset(run, by_key)
+    curve = [(step + offset, value) for step, value in eval_curve(rows)]
+    entry["seeds"][run.seed] = {"final": reproduce.final_eval(rows, reproduce.steps(run)),
+                                "curve": curve, "tok_s": tokens_per_s(rows),
+                                **run_provenance(workdir)}
+  return out
+
+
+def finals(results: dict, experiment: str, arm: str, seed: int | None = None) -> list[float]:
+  """The finished seeds' final bits/byte of an arm of `collect`'s result (only `seed`'s,
+  if given)."""
+  entry = results.get(experiment, {}).get(arm)
+  if entry is None:
+    return []
+  return [s["final"] for k, s in entry["seeds"].items()
+          if s["final"] is not None and (seed is None or k == seed)]
+
+
+def mean_std(values: list[float], digits: int = 4) -> str:
+  """"mean ± sample std" to `digits` decimals; one value alone; "–" for none."""
+  if not values:
+    return "–"
+  if len(values) == 1:
+    return f"{values[0]:.{digits}f}"
+  return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def read_analysis(workdir: Path, name: str) -> tuple[dict | None, str]:
+  """(result, "") of `<workdir>/analysis/<name>.json`, or (None, why it is pending)."""
+  path = Path(workdir) / "analysis" / f"{name}.json"
+  if not path.exists():
+    return None, f"pending: {name} not run on {Path(workdir).name} " \
+                 "(python -m experiments.reproduce analyze)"
+  try:
+    return json.loads(path.read_text()), ""
+  except (OSError, ValueError) as e:
+    return None, f"pending: {path.name} unreadable ({type(e).__name__})"

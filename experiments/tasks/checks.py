@@ -1,0 +1,256 @@
+"""Checks before anything is built: config numbers, memory, the mesh, a resumed run's config.
+
+Each refuses with one line naming the field and value (the CLI prints it as
+`error: ...`, exit 2), before a corpus is read or a parameter allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+
+from flax import nnx
+
+from experiments.trainer.errors import ConfigMismatchError, config_diff
+
+log = logging.getLogger("experiments")
+
+# --- checks before anything is built ------------------------------------------------------
+
+# (field, test, what it must be): numbers a run cannot use, rejected with the field named.
+_POSITIVE_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                 "a positive int")
+_NONNEG_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+               "an int >= 0")
+_POSITIVE = (lambda v: _is_number(v) and v > 0, "a number > 0")
+_NONNEG = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
+_UNIT_OPEN = (lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)")
+_UNIT = (lambda v: _is_number(v) and 0 <= v <= 1, "in [0, 1]")
+# AdamW moves each parameter by about lr per step: above 1 no run trains (and 1e99 becomes
+# inf in float32, failing only after the step compiled). Tables take lr·table_lr_mult.
+_LR = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1] (AdamW's step size)")
+_LR_MULT = (lambda v: _is_number(v) and 0 < v <= 1000, "a number in (0, 1000]")
+_CHECKS = {
+    "train.steps": _POSITIVE_INT,
+    "train.log_every": _POSITIVE_INT,
+    "train.eval_every": _POSITIVE_INT,
+    "train.ckpt_every": _POSITIVE_INT,
+    "train.max_to_keep": _POSITIVE_INT,
+    "train.seed": _NONNEG_INT,
+    "data.batch_size": _POSITIVE_INT,
+    "data.seq_len": _POSITIVE_INT,
+    "data.eval_batches": _POSITIVE_INT,
+    "data.max_files": _NONNEG_INT,
+    "data.seed": _NONNEG_INT,
+    "data.val_fraction": _UNIT_OPEN,
+    "optim.lr": _LR,
+    "optim.table_lr_mult": _LR_MULT,
+    "optim.weight_decay": _NONNEG,
+    "optim.b1": _UNIT_OPEN,
+    "optim.b2": _UNIT_OPEN,
+    "optim.eps": _POSITIVE,
+    "optim.warmup_steps": _NONNEG_INT,
+    "optim.warmup_frac": _UNIT_OPEN,
+    "optim.min_lr_ratio": _UNIT,
+    "optim.clip_norm": _NONNEG,
+}
+
+
+def _is_number(value) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def check_experiment_config(config) -> None:
+  """Rejects numbers a run cannot use (steps <= 0, a negative LR, ...), naming the field.
+
+  Fields a config does not have are skipped (the LM and VLM configs differ);
+  the model block is checked by its own config class (`lm_config`, `vlm_config`).
+  """
+  for field, (ok, what) in _CHECKS.items():
+    block, _, name = field.partition(".")
+    if block not in config or name not in config[block]:
+      continue
+    value = config[block][name]
+    if not ok(value):
+      raise ValueError(f"{field}={value!r} must be {what}.")
+  if "vlm" not in config and "model" in config and "data" in config:
+    seq_len, max_len = config.data.get("seq_len"), config.model.get("max_len")
+    if isinstance(max_len, int) and seq_len > max_len:
+      raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={max_len}.")
+
+
+# --- memory estimate ----------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str, field: str = "max_memory") -> int:
+  """'8GiB', '512MB', '1e9' -> bytes."""
+  match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+  unit = match and match.group(2).lower()
+  if not match or unit not in _UNITS:
+    raise ValueError(f"{field}={text!r} is not a size like 8GiB, 512MB or 1e9.")
+  try:
+    value = float(match.group(1)) * _UNITS[unit]
+  except ValueError:
+    raise ValueError(f"{field}={text!r} is not a size like 8GiB, 512MB or 1e9.") from None
+  if not value > 0:
+    raise ValueError(f"{field}={text!r} must be > 0.")
+  return int(value)
+
+
+def format_bytes(n: float) -> str:
+  for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{int(n)} B"
+
+
+def machine_memory() -> int | None:
+  """Physical memory of this machine in bytes (None where the OS does not say)."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def param_bytes(config) -> int:
+  """Bytes of the model's parameters, from shapes alone (nnx.eval_shape: no arrays)."""
+  import jax
+  if "vlm" in config:
+    from experiments.vlm.config import vlm_config
+    from experiments.vlm.model import VLM
+    model_config = vlm_config(config)
+    build = lambda: VLM(model_config, rngs=nnx.Rngs(0))  # noqa: E731
+  else:
+    from experiments.hf.backbone import with_hf_backbone
+    from experiments.models import DecoderLM
+    from experiments.models.config import lm_config
+    model_config = lm_config(with_hf_backbone(config))   # init_from=hf:DIR: its backbone
+    build = lambda: DecoderLM(model_config, rngs=nnx.Rngs(0))  # noqa: E731
+  abstract = nnx.eval_shape(build)
+  leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
+  return sum(int(leaf.size) * leaf.dtype.itemsize for leaf in leaves)
+
+
+def memory_estimate(config) -> int:
+  """Bytes of parameters + AdamW state (two moments, each the size of the parameters)."""
+  return 3 * param_bytes(config)
+
+
+def check_memory(config, limit: int | None = None) -> int:
+  """Refuses a config whose parameters + optimizer state exceed `limit` (default: the
+  machine's memory) before anything is allocated; returns the estimate in bytes."""
+  need = memory_estimate(config)
+  available = machine_memory()
+  limits = [(limit, "the --max_memory limit")] if limit else []
+  if available:
+    limits.append((available, "this machine's memory"))
+  for cap, what in limits:
+    if need > cap:
+      raise ValueError(
+          f"the model needs about {format_bytes(need)} for parameters + optimizer state "
+          f"({format_bytes(need / 3)} of parameters, AdamW's two moments), more than "
+          f"{what} ({format_bytes(cap)}); shrink the model (e.g. model.memory.routes, "
+          "bits, orders, mem_dim) or raise --max_memory.")
+  return need
+
+
+# --- the mesh -------------------------------------------------------------------------------
+
+
+def lngram_halo(memory) -> int:
+  """How far Lngram's n-gram windows and conv reach back (0 for other branches)."""
+  if hasattr(memory, "max_order") and hasattr(memory, "conv_context"):
+    return max(memory.max_order - 1, memory.conv_context)
+  return 0
+
+
+def check_fits(mesh, *, batch_size: int, seq_len: int | None = None, memory=None) -> None:
+  """Refuses a mesh the run cannot be split over, naming the numbers."""
+  import numpy as np
+
+  from experiments.trainer.placement import BATCH_AXES
+  rows = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+  if batch_size % rows:
+    raise ValueError(f"data.batch_size={batch_size} must be a multiple of mesh.data × "
+                     f"mesh.fsdp = {rows} (each shard takes whole rows).")
+  seq = int(mesh.shape["seq"])
+  halo = lngram_halo(memory)
+  if seq > 1:
+    if seq_len is None:
+      raise ValueError(f"mesh.seq={seq}: this run has no token sequence to split (only the "
+                       "byte LM supports context parallelism); use mesh.seq=1.")
+    if seq_len % seq or seq_len // seq < max(halo, 1):
+      raise ValueError(f"data.seq_len={seq_len} must split into mesh.seq={seq} blocks of "
+                       f"at least {max(halo, 1)} steps (the Lngram windows and conv "
+                       "reach that far into the left block).")
+  table = int(mesh.shape["table"])
+  routes = getattr(memory, "routes", None)
+  if table > 1 and type(memory).__name__ == "LngramConfig" and routes % table:
+    raise ValueError(f"model.memory.routes={routes} must be a multiple of mesh.table={table}: "
+                     "each table shard owns whole routes (their rows and every "
+                     "counterfactual row of the surrogate gradient).")
+
+
+# --- a resumed run's config -------------------------------------------------------------------
+
+# The parts of the experiment config a resume may not change silently: they
+# define the optimiser and its LR schedule (warmup + cosine over train.steps).
+_SCHEDULE_KEYS = (("optim",), ("train", "steps"), ("vlm", "stage", "curriculum"))
+
+
+def _pick(tree: dict, keys: tuple) -> object:
+  for key in keys:
+    if not isinstance(tree, dict) or key not in tree:
+      return "<absent>"
+    tree = tree[key]
+  return tree
+
+
+def _lines(diff) -> str:
+  return "; ".join(f"{path}: {old!r} -> {new!r}" for path, old, new in diff)
+
+
+def check_resume_config(directory, saved: dict, wanted: dict, allow_change: bool,
+                        later_defaults: dict | None = None) -> None:
+  """Compares a checkpoint's config JSON with the requested run's (before reading arrays).
+
+  `later_defaults`: {"optim.state_dtype": "", ...}, fields added to the configs after
+  a run may have been saved; absent from the saved run and at that default now
+  counts as unchanged.
+  """
+  model_diff = (config_diff(saved.get("kind", "lm"), wanted.get("kind", "lm"), "kind")
+                + config_diff(saved.get("model", {}), wanted.get("model", {}), "model")
+                + config_diff(saved.get("trained") or {}, wanted.get("trained") or {},
+                              "trained"))
+  if model_diff:
+    raise ConfigMismatchError(
+        f"{directory} holds a run of a different model than the one requested: "
+        f"{_lines(model_diff)}. Train this model in a new --workdir, or pass the --config "
+        "that matches the run to resume it (the run's config: "
+        "`experiments.restore(workdir)[1]`).")
+  old, new = saved.get("experiment", {}), wanted.get("experiment", {})
+  later = later_defaults or {}
+  schedule_diff = []
+  for keys in _SCHEDULE_KEYS:
+    if _pick(old, keys) == "<absent>" and _pick(new, keys) == "<absent>":
+      continue
+    schedule_diff += config_diff(_pick(old, keys), _pick(new, keys), ".".join(keys))
+  schedule_diff = [(path, was, now) for path, was, now in schedule_diff
+                   if not (was == "<absent>" and path in later and later[path] == now)]
+  if not schedule_diff:
+    return
+  if not allow_change:
+    raise ConfigMismatchError(
+        f"resuming the run in {directory} would change its optimiser or LR schedule: "
+        f"{_lines(schedule_diff)}. Pass the --config the run was started with, or use a new "
+        "--workdir, or add --config.train.allow_config_change=True to resume with these "
+        "changes (the schedule then changes at the resume step).")
+  for path, was, now in schedule_diff:
+    log.warning("resume: %s changed %r -> %r (allowed by train.allow_config_change).",
+                path, was, now)

@@ -1,0 +1,57 @@
+"""Evaluating a finished (or running) LM run from its checkpoint."""
+
+from __future__ import annotations
+
+
+def evaluate_run(workdir, *, step: int | None = None, max_batches: int | None = None) -> dict:
+  """Validation bits per byte (and memory-branch metrics) of a checkpoint in `workdir`.
+
+  Data settings come from the run's saved config; `max_batches` overrides
+  data.eval_batches. An LM command: a VLM run is evaluated by `analyze`.
+  """
+  return evaluate_checkpoint(workdir, step=step, max_batches=max_batches)[0]
+
+
+def evaluate_checkpoint(workdir, *, step: int | None = None, max_batches: int | None = None,
+                        mesh: dict | None = None) -> tuple[dict, int]:
+  """(`evaluate_run`'s metrics, the checkpoint step they come from).
+
+  `mesh`: a `mesh` block ({"data": 2, "table": 4}; experiments/trainer/placement.py)
+  to evaluate on a device mesh, as training does; None: one device.
+  """
+  import ml_collections
+
+  from experiments.data import eval_batches, load_corpus  # needs grain
+  from experiments.data.corpus import corpus_spec
+  from experiments.data.tokens import run as token_run
+  from experiments.models.layout import placement_rules
+  from experiments.tasks.checks import check_fits
+  from experiments.tasks.lm import evaluate_model
+  from experiments.tasks.restore import restore_module
+  from experiments.trainer import placement
+
+  model, saved, used_step = restore_module(workdir, step)
+  require_lm(saved, workdir, "eval")
+  config = ml_collections.ConfigDict(saved["experiment"])
+  dc = config.data
+  if token_run.data_kind(config) == "tokens":   # the manifest's validation split
+    batches = token_run.eval_data(config, workdir, max_batches or dc.eval_batches)
+  else:
+    batches = eval_batches(load_corpus(corpus_spec(config)), seq_len=dc.seq_len,
+                           batch_size=dc.batch_size, max_batches=max_batches or dc.eval_batches)
+  if not mesh:
+    return evaluate_model(model, batches), used_step
+  device_mesh = placement.make_train_mesh(mesh)
+  check_fits(device_mesh, batch_size=dc.batch_size, seq_len=dc.seq_len,
+             memory=model.config.memory)
+  placement.place_model(model, device_mesh, rules=placement_rules(model))
+  return evaluate_model(model, batches, mesh=device_mesh), used_step
+
+
+def require_lm(saved: dict, workdir, command: str) -> None:
+  """`eval` and `sample` read text runs; a VLM run says so clearly."""
+  if saved.get("kind", "lm") != "lm":
+    raise ValueError(
+        f"lngram-exp {command} is an LM command, and {workdir} is a VLM run; use "
+        f"`lngram-exp analyze --workdir={workdir}` (accuracy by length, attention decay, "
+        "LogitLens, grounding) instead.")

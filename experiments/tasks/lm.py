@@ -1,0 +1,180 @@
+"""The byte LM as a training task: packed corpus batches, cross entropy, bits per byte.
+
+Loss: mean cross entropy in nats over tokens whose target lies in the same
+document (`loss_mask`); bits per byte = nats / ln 2, since a token is a byte.
+Evaluation: validation bits per byte over fixed batches, plus the metrics of
+every memory layer (experiments/tasks/metrics.py). With `init_from` the model
+starts from another run's backbone (experiments/tasks/init_from.py). On a
+device mesh the forward is traced with `BranchContext(mesh=mesh)`, so Lngram
+layers run their sharded form (experiments/models/layout.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from experiments.data import load_corpus
+from experiments.data.corpus import corpus_spec, record_manifest
+from experiments.data.tokens import run as token_run
+from experiments.hf.backbone import with_hf_backbone
+from experiments.models import DecoderLM, layout
+from experiments.models.branches import BranchContext
+from experiments.models.config import lm_config
+from experiments.tasks import checks, metrics
+from experiments.tasks.init_from import insert_into
+from experiments.tasks.saved import resume_check, saved_config
+from experiments.trainer import Task
+from experiments.trainer.placement import process_rows, put_batch
+from experiments.trainer.step import WEIGHT
+
+LN2 = math.log(2.0)
+
+
+def token_losses(logits_BxTxV, targets_BxT):
+  """Cross entropy per token in nats, float32."""
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits_BxTxV.astype(jnp.float32), targets_BxT)
+
+
+def _forward(model, batch, *, return_aux=False, mesh=None):
+  context = None if layout.sharded(mesh) is None else BranchContext(mesh=mesh)
+  return model(batch["inputs"], segment_ids=batch["segment_ids"],
+               positions=batch["positions"], return_aux=return_aux, context=context)
+
+
+def lm_loss(model, batch, *, mesh=None):
+  """The loss hook: (mean nats over loss_mask + the memory branches' aux losses,
+  {"train/bits_per_byte", their metrics}); `mesh`: the mesh the step is traced on.
+
+  bits per byte is the cross entropy alone; an arm's weighted auxiliary loss
+  (the sparse FFN's balance loss) is added to what is optimised and logged as
+  `train/memory/<layer>/aux_loss` (experiments/tasks/metrics.py).
+  """
+  logits_BxTxV, aux = _forward(model, batch, return_aux=True, mesh=mesh)
+  mask_BxT = batch["loss_mask"].astype(jnp.float32)
+  loss_sum = (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum()
+  loss = loss_sum / jnp.maximum(mask_BxT.sum(), 1.0)
+  extra_loss, train_metrics = metrics.loss_terms(aux)
+  # WEIGHT: the tokens averaged over, so gradient accumulation weighs micro-batches
+  # by them and reproduces the full batch's mean (experiments/trainer/step.py).
+  return loss + extra_loss, {"train/bits_per_byte": loss / LN2, **train_metrics,
+                             WEIGHT: mask_BxT.sum()}
+
+
+def make_eval_step(graphdef, *, mesh=None):
+  """eval(params, batch) -> sums: loss (nats), tokens, and the memory branches' metric sums."""
+
+  @jax.jit
+  def evaluate(params, batch):
+    model = nnx.merge(graphdef, params)
+    logits_BxTxV, aux = _forward(model, batch, return_aux=True, mesh=mesh)
+    mask_BxT = batch["loss_mask"].astype(jnp.float32)
+    sums = {"loss_sum": (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum(),
+            "tokens": mask_BxT.sum()}
+    # Padding rows of the last eval batch have segment id 0.
+    valid_BxT = batch["segment_ids"] > 0
+    memory_sums = metrics.accumulate(model, aux, valid_BxT, batch["segment_ids"])
+    if memory_sums:
+      sums["memory"] = memory_sums
+    return sums
+
+  return evaluate
+
+
+def evaluate_batches(eval_step, params, batches, memory_config=None, *,
+                     mesh=None) -> dict[str, float]:
+  """Validation loss (nats and bits per byte) and memory-branch metrics over `batches`;
+  `mesh`: where the batches go (the eval step's mesh), None: as they are."""
+  loss_sum = tokens = 0.0
+  memory_stats = None
+  for batch in batches:
+    if layout.sharded(mesh) is not None:   # on a mesh: the batch in its shards
+      batch = put_batch(batch, mesh)
+    sums = eval_step(params, batch)
+    if jax.process_count() > 1:   # sums may live on other processes' devices too
+      from jax.experimental import multihost_utils
+      sums = multihost_utils.process_allgather(sums, tiled=True)
+    sums = jax.device_get(sums)
+    loss_sum += float(sums["loss_sum"])
+    tokens += float(sums["tokens"])
+    if "memory" in sums:
+      memory_stats = metrics.merge(memory_stats, sums["memory"])
+  loss = loss_sum / max(tokens, 1.0)
+  out = {"eval/loss": loss, "eval/bits_per_byte": loss / LN2, "eval/tokens": tokens}
+  if memory_stats is not None:
+    out |= metrics.summarise(memory_config, memory_stats)
+  return out
+
+
+def evaluate_model(model, batches, *, mesh=None) -> dict[str, float]:
+  """`evaluate_batches` for a DecoderLM (one compiled eval step per model structure)."""
+  graphdef, params = nnx.split(model, nnx.Param)
+  step = make_eval_step(graphdef, mesh=mesh)
+  return evaluate_batches(step, nnx.to_pure_dict(params), batches, model.config.memory,
+                          mesh=mesh)
+
+
+def lm_task(config, workdir, mesh=None) -> Task:
+  """The LM run an experiment config describes (experiments/configs/lm_*.py) on `mesh`."""
+  # grain is imported here, not at module level: notebooks and machines
+  # without grain still import this package (restore, evaluate, metrics).
+  from experiments.data.pipeline import TrainIterator, eval_batches
+
+  config = with_hf_backbone(config)   # init_from=hf:DIR: the checkpoint's backbone
+  dc = config.data
+  model_cfg = lm_config(config)
+  # Several processes: each reads only the rows of every global batch its devices hold.
+  rows = None
+  if jax.process_count() > 1 and mesh is not None:
+    rows = (*process_rows(mesh, dc.batch_size), dc.batch_size)
+  unit = "byte"
+  if token_run.data_kind(config) == "tokens":   # a prepare-data directory (DESIGN.md §4.3)
+    data = token_run.run_data(config, workdir, rows=None if rows is None else rows[:2],
+                              record=jax.process_index() == 0)
+    model_cfg = token_run.model_vocab(model_cfg, data.vocab_size)
+    batches, val_batches, about, unit = (data.batches, data.val_batches, data.description,
+                                         "token")
+  else:
+    corpus = load_corpus(corpus_spec(config))
+    allow_change = bool(dc.get("allow_corpus_change", False))
+    if jax.process_index() == 0:
+      record_manifest(corpus, workdir, allow_change=allow_change)
+    batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                            seed=dc.seed, rows=None if rows is None else rows[:2],
+                            allow_corpus_change=allow_change)
+    val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                               max_batches=dc.eval_batches)
+    about = f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation bytes"
+  model = DecoderLM(model_cfg, rngs=nnx.Rngs(params=config.train.seed))
+  inserted = ""
+  if config.get("init_from", ""):
+    info = insert_into(model, config.init_from)
+    inserted = (f"; backbone from {info['source']} step {info['step']} ({info['copied']} "
+                f"arrays), {info['fresh']} new arrays at init")
+  graphdef, _ = nnx.split(model, nnx.Param)
+  eval_step = make_eval_step(graphdef, mesh=mesh)
+
+  def check_mesh(mesh):
+    checks.check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len,
+                      memory=model_cfg.memory)
+
+  def evaluate(module):
+    return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),
+                            val_batches, model_cfg.memory, mesh=mesh)
+
+  saved = saved_config("lm", config, model_cfg)
+  return Task(
+      module=model, saved_config=saved,
+      batches=batches, loss=functools.partial(lm_loss, mesh=mesh), optim=config.optim,
+      phases=(config.train.steps,), evaluate=evaluate,
+      headline=lambda r: f"validation {r['eval/bits_per_byte']:.4f} bits/{unit}",
+      tokens_per_step=dc.batch_size * dc.seq_len, check_mesh=check_mesh,
+      check_resume=resume_check(config, saved),
+      placement=layout.placement_rules(model), seq_batches=True, batch_rows=rows,
+      description=about + inserted)
