@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 from pathlib import Path
 
 
@@ -61,6 +62,9 @@ def check_train_config(config, *, max_memory: str | None = None) -> None:
     from experiments.hf.backbone import with_hf_backbone
     from experiments.models.config import lm_config
     lm_config(with_hf_backbone(config))   # init_from=hf:DIR: the checkpoint's backbone
+    if config.get("plan_devices"):   # experiments/configs/hf_lngram.py: the plan for N devices
+      from experiments.tasks.checks import plan_line
+      print(plan_line(config, config.plan_devices), file=sys.stderr, flush=True)
   if max_memory:   # the machine's own memory is checked when the task is built
     check_memory(config, limit=parse_bytes(max_memory, "--max_memory"))
 

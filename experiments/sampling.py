@@ -39,6 +39,9 @@ def sample_checkpoint(workdir, prompts: list[str], *, step: int | None = None,
   if saved.get("experiment", {}).get("data", {}).get("kind") == "tokens":
     from experiments.data.tokens.run import run_codec
     codec = run_codec(workdir)   # the run's own copy of its tokenizer
+  else:
+    from experiments.hf.tokenizer import hf_codec
+    codec = hf_codec(workdir)    # import-hf: the checkpoint's tokenizer.json and EOS ids
   if mesh:
     from experiments.models.layout import placement_rules
     from experiments.trainer.placement import place_model

@@ -77,7 +77,8 @@ def test_every_source_folder_is_a_packaged_package():
 def test_console_script_resolves():
     scripts = _pyproject()["project"]["scripts"]
     module, _, function = scripts["lngram-exp"].partition(":")
-    path = ROOT / Path(*module.split(".")).with_suffix(".py")
+    base = ROOT / Path(*module.split("."))
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
     tree = ast.parse(path.read_text())
     assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body), (
         f"{scripts['lngram-exp']}: {path.name} defines no {function}()")

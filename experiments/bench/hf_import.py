@@ -1,6 +1,6 @@
 """Import time and peak host memory of a Hugging Face checkpoint: ours against `transformers`.
 
-    python -m experiments.bench.hf_import --dir=/tmp/qwen3_widths [--layers=2]
+    python -m experiments.bench.hf_import --dir=runs/qwen3_widths [--layers=2]
 
 Writes a synthetic Qwen3 checkpoint of Qwen3-1.7B's widths and vocabulary
 (hidden 2048, 16 query / 8 KV heads of 128, FFN 6144, vocabulary 151,936,

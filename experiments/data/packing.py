@@ -26,6 +26,22 @@ def stream_offsets(lengths: np.ndarray) -> np.ndarray:
   return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
 
+def epoch_order(lengths_D: np.ndarray, rows_per_epoch: int, seed: int | None, epoch: int):
+  """(document order, stream offsets, row permutation) of one epoch.
+
+  seed None keeps the documents and rows in order (evaluation); otherwise both are
+  permuted by numpy's generator seeded with (seed, epoch), so any epoch is reproducible
+  without replaying the ones before it.
+  """
+  n = len(lengths_D)
+  if seed is None:
+    order, rows = np.arange(n), np.arange(rows_per_epoch)
+  else:
+    rng = np.random.default_rng([seed, epoch])
+    order, rows = rng.permutation(n), rng.permutation(rows_per_epoch)
+  return order, stream_offsets(lengths_D[order]), rows
+
+
 def num_rows(total_bytes: int, seq_len: int) -> int:
   """Rows of a stream of `total_bytes` (the last partial row is dropped)."""
   return max(0, (int(total_bytes) - 1) // seq_len)

@@ -18,7 +18,7 @@ import grain
 import numpy as np
 
 from experiments.data.corpus import Corpus
-from experiments.data.packing import num_rows, pack_row, stream_offsets
+from experiments.data.packing import epoch_order, num_rows, pack_row
 
 # Length of the (lazy) training source in epochs: far more than any run reads.
 _EPOCHS = 100_000
@@ -45,13 +45,7 @@ class PackedRows:
   @functools.lru_cache(maxsize=2)  # noqa: B019 — the source lives as long as its dataset
   def _epoch(self, epoch: int):
     """(document order, stream offsets, row permutation) of one epoch."""
-    n = len(self.docs)
-    if self.seed is None:
-      order, rows = np.arange(n), np.arange(self.rows_per_epoch)
-    else:
-      rng = np.random.default_rng([self.seed, epoch])
-      order, rows = rng.permutation(n), rng.permutation(self.rows_per_epoch)
-    return order, stream_offsets(self.lengths[order]), rows
+    return epoch_order(self.lengths, self.rows_per_epoch, self.seed, epoch)
 
   def __getitem__(self, index: int) -> dict:
     epoch, i = divmod(int(index), self.rows_per_epoch)

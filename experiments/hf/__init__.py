@@ -4,7 +4,10 @@ Modules: `safetensors_io` (memory-mapped safetensors reading, single or
 sharded, with the checks of a damaged file), `config` (config.json ->
 LMConfig), `names` (HF tensor names <-> our parameter paths, with the
 transposes), `load` (`load_hf`, `fill_backbone`: shape-only build, then each
-tensor into its shard). Every refusal is an `HFCheckpointError` (a
+tensor into its shard), `backbone` (`init_from=hf:DIR`), `run_dir`
+(`import-hf`), `export` (`export-hf`), `memory_export` (Lngram v2 branches
+under the authors' `RouteNgramMemoryV2` names), `tokenizer` (the run's
+tokenizer.json and EOS ids for `sample`). Every refusal is an `HFCheckpointError` (a
 ValueError) of one line. Mapping and deviations: DESIGN.md §11.
 """
 

@@ -9,7 +9,10 @@ came from `import-hf` starts from its source `config.json` (hf_config.json),
 so every field we do not model survives; otherwise the family follows from
 the decoder options: q/k norms -> qwen3, q/k/v biases -> qwen2, else llama.
 The name table is experiments/hf/names.py (DESIGN.md §11); importing an
-export gives the same parameters bit for bit.
+export gives the same parameters bit for bit. Lngram v2 branches go beside
+the backbone in lngram_v2.safetensors + lngram_v2_config.json under the
+authors' `RouteNgramMemoryV2` names (experiments/hf/memory_export.py); the
+other arms have no reference module and are not written.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from experiments.hf import memory_export
+from experiments.hf.memory_export import lngram_v2_export
 from experiments.hf.names import to_hf
 from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, HFCheckpointError, write_file
 from experiments.models.config import LMConfig
@@ -96,6 +101,11 @@ def export_hf(workdir, out, *, step: int | None = None,
       (out / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True))
     (out / "config.json").write_text(
         json.dumps(hf_config_json(model.config, source), indent=2, sort_keys=True))
+    lngram = lngram_v2_export(model.config, flat)
+    if lngram is not None:   # the Lngram v2 branches, under the authors' module's names
+      write_file(out / memory_export.FILE, lngram[0], {"format": "pt"})
+      (out / memory_export.CONFIG_FILE).write_text(json.dumps(lngram[1], indent=2))
+      files.append(memory_export.FILE)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "generation_config.json"):
       if (Path(workdir) / name).is_file():

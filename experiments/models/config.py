@@ -185,6 +185,10 @@ class LMConfig:
     return dataclass_json.from_json(cls, d, owner="LMConfig.from_dict", **nested)
 
 
+# Backbone shape fields an experiment config may leave 0 for an `init_from=hf:DIR` run.
+HF_SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim")
+
+
 def lm_config(config) -> LMConfig:
   """The LMConfig an experiment config's `model` block describes.
 
@@ -195,6 +199,12 @@ def lm_config(config) -> LMConfig:
   data.seq_len against model.max_len.
   """
   m = config.model.to_dict()
+  # 0 = "from config.json" (experiments/configs/hf_lngram.py), filled in by
+  # experiments.hf.backbone.with_hf_backbone before this when init_from=hf:DIR.
+  unset = [f for f in HF_SHAPE_FIELDS if m.get(f) == 0]
+  if unset:
+    raise ValueError(f"model.{unset[0]}=0 means 'from the checkpoint's config.json': "
+                     "set --config.init_from=hf:DIR (or give model." + ", ".join(unset) + ").")
   m["vocab_size"] = m.get("vocab_size") or 256   # 0: the data's (bytes: 256)
   memory = dict(m.pop("memory") or {})
   layers = tuple(m.pop("memory_layers"))
@@ -208,6 +218,8 @@ def lm_config(config) -> LMConfig:
         if field in memory and memory[field] not in names:
           raise ValueError(f"model.memory.{field}={memory[field]!r} is not one of {names}.")
     memory = {k: tuple(v) if isinstance(v, list) else v for k, v in memory.items()}
+    if kind == "engram" and memory.get("vocab_size") == 0:
+      memory["vocab_size"] = m["vocab_size"]   # 0: the model's token ids
     m["memory"] = branches.config_from_dict({"kind": kind, "d_model": m["d_model"], **memory})
   m["memory_layers"] = layers
   seq_len = config.get("data", {}).get("seq_len")

@@ -142,6 +142,56 @@ def memory_estimate(config) -> int:
   return 3 * param_bytes(config)
 
 
+def memory_plan(config, devices: int) -> dict[str, int]:
+  """Bytes per device of parameters, AdamW state and training activations with the
+  parameters and optimizer state sharded over `devices` (fsdp) and the global batch
+  split over them: a rough plan, from shapes alone, before anything is allocated.
+
+  Activations: what the backward keeps per token and layer, about (14·d + 3·ffn)
+  values in the compute dtype (one d-vector per layer with `remat`, plus one
+  layer's worth), and the float32 logits and their gradient ([B, T, V] twice).
+  """
+  import math
+
+  import jax.numpy as jnp
+
+  from experiments.hf.backbone import with_hf_backbone
+  from experiments.models.config import lm_config
+  if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    raise ValueError(f"plan_devices={devices!r} must be an int >= 1 (the devices to plan "
+                     "the memory for).")
+  lm = lm_config(with_hf_backbone(config))
+  params = param_bytes(config)
+  mu = state_dtype_bytes(config)
+  # nu in the parameters' dtype; mu in optim.state_dtype when given.
+  opt = params + (params * mu // jnp.dtype(lm.param_dtype).itemsize if mu else params)
+  rows = math.ceil(int(config.data.batch_size) / devices)
+  tokens = rows * int(config.data.seq_len)
+  act = jnp.dtype(lm.dtype).itemsize
+  per_layer = (14 * lm.d_model + 3 * lm.ffn_dim) * act
+  kept = (lm.n_layers * lm.d_model * act + per_layer) if lm.remat else lm.n_layers * per_layer
+  return {"devices": devices, "params": math.ceil(params / devices),
+          "optimizer": math.ceil(opt / devices),
+          "activations": tokens * kept + 2 * tokens * lm.vocab_size * 4}
+
+
+def state_dtype_bytes(config) -> int:
+  """Bytes per value of AdamW's first moment (0: the parameters' dtype)."""
+  name = config.get("optim", {}).get("state_dtype", "") or ""
+  return {"": 0, "float32": 4, "bfloat16": 2}.get(name, 0)
+
+
+def plan_line(config, devices: int) -> str:
+  """One line: `memory_plan` for `devices`, for the log before a run allocates."""
+  plan = memory_plan(config, devices)
+  total = plan["params"] + plan["optimizer"] + plan["activations"]
+  return (f"memory per device on {devices} device{'s' if devices > 1 else ''} (fsdp): "
+          f"parameters {format_bytes(plan['params'])}, optimizer state "
+          f"{format_bytes(plan['optimizer'])}, activations {format_bytes(plan['activations'])}"
+          f" (batch {config.data.batch_size} x {config.data.seq_len}); total "
+          f"{format_bytes(total)}")
+
+
 def check_memory(config, limit: int | None = None) -> int:
   """Refuses a config whose parameters + optimizer state exceed `limit` (default: the
   machine's memory) before anything is allocated; returns the estimate in bytes."""

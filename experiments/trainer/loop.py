@@ -170,7 +170,7 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
   run.started = True
   log.info("run %s: %s; %s; %d steps in phases %s; groups %s%s", workdir,
            f"resuming at step {start}" if start else "new", task.description, total,
-           list(task.phases), optim_lib.group_sizes(ts.state["params"], task.trainable),
+           list(task.phases), optim_lib.group_sizes(ts.state["params"], task.trainable, task.optim),
            f"; mesh {placement_lib.describe(mesh)}" if mesh.size > 1 else "")
   if jax.process_count() > 1:
     log.info("process %d of %d: %d of %d devices", jax.process_index(),

@@ -8,6 +8,14 @@ state (DESIGN.md §2, "optimiser groups"; paper Table 13):
             decay (decaying a router or a norm gain pulls it towards a
             degenerate value rather than regularising).
   decay     everything else: base learning rate and `weight_decay`.
+  backbone, backbone_no_decay
+            only with `optim.backbone_lr` > 0 (opt-in, the pretrained-backbone
+            recipe of Table 13; absent or 0 = the groups above, as every
+            earlier run had them): parameters outside the memory and
+            beside-FFN slots train at their own peak `backbone_lr` (cosine to
+            `backbone_min_lr_ratio`, default `min_lr_ratio`) with
+            `weight_decay` (norm scales without); the branches' non-table
+            parameters then take the base learning rate without weight decay.
   frozen    leaves the run's trainable mask excludes (VLM Stage I/II): their
             gradient is zeroed before clipping and their update is
             `optax.set_to_zero`, so they stay bit-for-bit unchanged and hold
@@ -17,7 +25,8 @@ updates.
 
 Schedule: linear warmup from 0 over `optim.warmup_steps` (or, if
 `optim.warmup_frac` > 0, over that share of the run: the VLM recipe), then
-cosine to `min_lr_ratio` × peak. A constant learning rate is warmup 0 and
+cosine to `min_lr_ratio` × peak (the table group: `table_min_lr_ratio` if
+given and > 0, the recipe's 4e-4 -> 1e-5 beside 1e-4 -> 2e-6). A constant learning rate is warmup 0 and
 min_lr_ratio 1 (Stage II GRPO).
 """
 
@@ -30,7 +39,10 @@ import jax.numpy as jnp
 import optax
 
 GROUPS = ("decay", "no_decay", "table")
+BACKBONE_GROUPS = ("backbone", "backbone_no_decay")
 FROZEN = "frozen"
+# The slots whose modules are inserted branches rather than the backbone (experiments/models/lm.py).
+BRANCH_SLOTS = ("memory", "ffn_branch")
 
 
 def path_names(path) -> tuple[str, ...]:
@@ -55,27 +67,47 @@ def param_group(path: tuple[str, ...]) -> str:
   return "decay"
 
 
-def param_labels(params, trainable: Callable[[str], bool] | None = None) -> dict:
-  """A tree like `params` holding each leaf's group name (or "frozen")."""
+def backbone_group(path: tuple[str, ...]) -> str:
+  """The group of a parameter when the backbone has its own learning rate."""
+  group = param_group(path)
+  if any(slot in path for slot in BRANCH_SLOTS):
+    return "no_decay" if group == "decay" else group
+  return "backbone" if group == "decay" else "backbone_no_decay"
+
+
+def backbone_lr(optim) -> float:
+  """`optim.backbone_lr` (absent or 0: the backbone shares the base groups)."""
+  return float(optim.get("backbone_lr", 0.0) or 0.0) if optim is not None else 0.0
+
+
+def param_labels(params, trainable: Callable[[str], bool] | None = None, optim=None) -> dict:
+  """A tree like `params` holding each leaf's group name (or "frozen"); `optim`: the
+  optim block, whose `backbone_lr` > 0 selects the backbone groups."""
+  group = backbone_group if backbone_lr(optim) > 0 else param_group
   def label(path, _):
     if trainable is not None and not trainable(path_str(path)):
       return FROZEN
-    return param_group(path_names(path))
+    return group(path_names(path))
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def group_sizes(params, trainable: Callable[[str], bool] | None = None) -> dict[str, int]:
+def group_sizes(params, trainable: Callable[[str], bool] | None = None,
+                optim=None) -> dict[str, int]:
   """Parameter count per group (for the run log)."""
-  sizes = dict.fromkeys(GROUPS + ((FROZEN,) if trainable else ()), 0)
-  labels = jax.tree.leaves(param_labels(params, trainable))
+  names = GROUPS + (BACKBONE_GROUPS if backbone_lr(optim) > 0 else ())
+  sizes = dict.fromkeys(names + ((FROZEN,) if trainable else ()), 0)
+  labels = jax.tree.leaves(param_labels(params, trainable, optim))
   for label, leaf in zip(labels, jax.tree.leaves(params), strict=True):
     sizes[label] += int(leaf.size)
   return sizes
 
 
-def learning_rate_schedule(optim, total_steps: int, *, multiplier: float = 1.0):
-  """Linear warmup from 0 to `lr`·multiplier, then cosine to min_lr_ratio·peak."""
-  peak = optim.lr * multiplier
+def learning_rate_schedule(optim, total_steps: int, *, multiplier: float = 1.0,
+                           peak: float | None = None, min_ratio: float | None = None):
+  """Linear warmup from 0 to `lr`·multiplier (or `peak`), then cosine to
+  min_ratio·peak (default `min_lr_ratio`)."""
+  peak = optim.lr * multiplier if peak is None else peak
+  min_ratio = optim.min_lr_ratio if not min_ratio else min_ratio
   frac = float(optim.get("warmup_frac", 0.0) or 0.0)
   if frac > 0:
     # The VLM recipe: a share of each phase (at least one step).
@@ -84,7 +116,7 @@ def learning_rate_schedule(optim, total_steps: int, *, multiplier: float = 1.0):
     warmup = min(int(optim.warmup_steps), max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=peak, warmup_steps=warmup,
-      decay_steps=max(total_steps, warmup + 1), end_value=peak * optim.min_lr_ratio)
+      decay_steps=max(total_steps, warmup + 1), end_value=peak * min_ratio)
 
 
 STATE_DTYPES = ("float32", "bfloat16")
@@ -111,13 +143,19 @@ def make_optimizer(optim, params, total_steps: int, *,
   the leaves that train; None trains every leaf.
   """
   base = learning_rate_schedule(optim, total_steps)
-  table = learning_rate_schedule(optim, total_steps, multiplier=optim.table_lr_mult)
+  table = learning_rate_schedule(optim, total_steps, multiplier=optim.table_lr_mult,
+                                 min_ratio=optim.get("table_min_lr_ratio", None))
   mu_dtype = state_dtype(optim)
   adamw = lambda lr, wd: optax.adamw(lr, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                                      weight_decay=wd, mu_dtype=mu_dtype)
-  labels = param_labels(params, trainable)
+  labels = param_labels(params, trainable, optim)
   transforms = {"decay": adamw(base, optim.weight_decay), "no_decay": adamw(base, 0.0),
                 "table": adamw(table, 0.0)}
+  if backbone_lr(optim) > 0:
+    backbone = learning_rate_schedule(optim, total_steps, peak=backbone_lr(optim),
+                                      min_ratio=optim.get("backbone_min_lr_ratio", None))
+    transforms |= {"backbone": adamw(backbone, optim.weight_decay),
+                   "backbone_no_decay": adamw(backbone, 0.0)}
   chain = [optax.clip_by_global_norm(optim.clip_norm)]
   if trainable is not None:
     # Frozen gradients are zeroed first so the global norm is that of the

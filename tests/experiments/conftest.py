@@ -16,7 +16,7 @@ def smoke_config(name="lm_lngram", **train):
   return config
 
 
-@pytest.fixture(name="smoke_config")
+@pytest.fixture(name="smoke_config", scope="session")
 def smoke_config_fixture():
   """`smoke_config(name="lm_lngram", **train_overrides)` for tests that train."""
   return smoke_config

@@ -20,7 +20,20 @@ ARGS = {"lm_lngram.py": ["", "smoke", "r64,onebit", "r16,ste,smoke", "none",
         "lm_baseline.py": ["", "smoke"],
         "vlm_base.py": ["", "smoke", "s3"],
         "vlm_pvm_sft.py": ["", "smoke", "mlp", "hidden,d32,l0.2", "none,smoke"],
-        "vlm_pvm_grpo.py": ["", "smoke", "mlp,smoke"]}
+        "vlm_pvm_grpo.py": ["", "smoke", "mlp,smoke"],
+        "hf_lngram.py": ["", "smoke", "pkm", "engram", "v1", "sparse_ffn", "none",
+                         "engram,smoke", "none,smoke"]}
+
+# hf_lngram.py's backbone shape fields are 0 ("from config.json"): it converts once
+# resolved against a checkpoint's config.json, as `train --config.init_from=hf:DIR`
+# does (experiments/hf/backbone.py). A Qwen3 config.json of smoke widths (a 256-token
+# vocabulary, so that byte data fits) stands in for the checkpoint: with_hf_backbone
+# reads config.json only.
+TINY_QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=256,
+                  hidden_size=64, num_hidden_layers=14, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                  tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
+                  max_position_embeddings=4096, torch_dtype="float32")
 
 
 def _load(name, arg=""):
@@ -28,14 +41,29 @@ def _load(name, arg=""):
                      f"experiments/configs/{name}")
 
 
+@pytest.fixture(scope="module")
+def tiny_hf_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("tiny_qwen3")
+  (path / "config.json").write_text(json.dumps(TINY_QWEN3))
+  return path
+
+
+def _resolved(config, hf_dir):
+  """`config` as train sees it: an init_from=hf: config resolved against `hf_dir`."""
+  from experiments.hf.backbone import with_hf_backbone
+  if config.get("init_from", None) == "" and config.model.d_model == 0:
+    config.init_from = f"hf:{hf_dir}"
+  return with_hf_backbone(config)
+
+
 def test_known_config_files():
   assert set(FILES) == set(ARGS)
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_config_file_loads_and_converts(name):
+def test_config_file_loads_and_converts(name, tiny_hf_dir):
   for arg in ARGS[name]:
-    config = _load(name, arg)
+    config = _resolved(_load(name, arg), tiny_hf_dir)
     if "vlm" in config:
       model = vlm_config(config)
       assert VLMConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
@@ -186,3 +214,44 @@ def test_a_run_saved_before_the_later_fields_resumes():
   wanted["experiment"]["optim"]["state_dtype"] = "bfloat16"
   with pytest.raises(ConfigMismatchError, match=r"optim\.state_dtype: '<absent>' -> 'bfloat16'"):
     check_resume_config("run", saved, wanted, False, LATER_FIELDS)
+
+
+def test_hf_lngram_is_table_13_keye2b(tiny_hf_dir):
+  config = _load("hf_lngram.py")
+  with pytest.raises(ValueError, match=r"model.d_model=0 .*init_from=hf:DIR"):
+    lm_config(config)   # the backbone comes from a checkpoint, never from defaults
+  lm = lm_config(_resolved(config, tiny_hf_dir))
+  assert lm.memory_layers == (1, 13)   # the paper's layers 2 and 14
+  m = lm.memory
+  assert (m.routes, m.bits, m.q_heads, m.kv_heads, m.head_dim, m.mem_dim) == (
+      121, 4, 16, 16, 128, 128)
+  assert (m.orders, m.sink_mass, m.surrogate, m.conv_kernel, m.conv_dilation) == (
+      (2, 3), 0.5, "onebit", 4, 3)
+  assert (lm.d_model, lm.n_layers, lm.vocab_size, lm.qk_norm) == (64, 14, 256, True)
+  o = config.optim
+  assert (o.lr, o.min_lr_ratio * o.lr) == (1e-4, pytest.approx(2e-6))
+  assert (o.lr * o.table_lr_mult, o.lr * o.table_lr_mult * o.table_min_lr_ratio) == (
+      4e-4, pytest.approx(1e-5))
+  assert (o.backbone_lr, o.weight_decay, o.warmup_steps) == (5e-6, 0.1, 1000)
+  assert config.plan_devices == 8
+  arms = {a: lm_config(_resolved(_load("hf_lngram.py", a), tiny_hf_dir)) for a in
+          ("pkm", "engram", "v1", "sparse_ffn", "none")}
+  assert arms["engram"].memory.vocab_size == 256   # the checkpoint's token ids
+  assert arms["none"].memory_layers == ()
+  assert all(arms[a].memory_layers == (1, 13) for a in ("pkm", "engram", "v1", "sparse_ffn"))
+  with pytest.raises(ValueError, match="hf_lngram: unknown config arg 'r16'"):
+    _load("hf_lngram.py", "r16")
+
+
+def test_hf_lngram_memory_plan_scales_with_devices(tiny_hf_dir):
+  from experiments.tasks.checks import memory_plan, param_bytes, plan_line
+  config = _resolved(_load("hf_lngram.py"), tiny_hf_dir)
+  one, eight = memory_plan(config, 1), memory_plan(config, 8)
+  assert one["params"] == param_bytes(config) and one["optimizer"] == 2 * one["params"]
+  assert eight["params"] == -(-one["params"] // 8)
+  assert eight["activations"] == one["activations"] // 8   # batch 8 over 8 devices
+  line = plan_line(config, 8)
+  assert line.startswith("memory per device on 8 devices (fsdp): parameters ")
+  assert "optimizer state" in line and "activations" in line
+  with pytest.raises(ValueError, match=r"plan_devices=-1 must be an int >= 1"):
+    plan_line(config, -1)

@@ -13,9 +13,8 @@ from experiments.tasks.restore import restore
 
 
 @pytest.fixture(scope="module")
-def baseline_run(tmp_path_factory):
+def baseline_run(tmp_path_factory, smoke_config):
   """A 2-step memory-free smoke run (the model memory is inserted into)."""
-  from conftest import smoke_config
   workdir = tmp_path_factory.mktemp("baseline")
   run_train(smoke_config("lm_baseline", steps=2, ckpt_every=2, eval_every=2), workdir)
   return workdir

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.data.packing import num_rows, pack_row, stream_offsets
+from experiments.data.packing import epoch_order, num_rows, pack_row
 from experiments.data.tokens.format import TokenDataError, open_shard, read_manifest
 
 _STATE_VERSION = 1
@@ -97,13 +97,7 @@ class TokenRows:
 
   @functools.lru_cache(maxsize=2)  # noqa: B019 — the source lives as long as its reader
   def _epoch(self, epoch: int):
-    n = len(self.docs)
-    if self.seed is None:
-      order, rows = np.arange(n), np.arange(self.rows_per_epoch)
-    else:
-      rng = np.random.default_rng([self.seed, epoch])
-      order, rows = rng.permutation(n), rng.permutation(self.rows_per_epoch)
-    return order, stream_offsets(self.docs.length_D[order]), rows
+    return epoch_order(self.docs.length_D, self.rows_per_epoch, self.seed, epoch)
 
   def __getitem__(self, index: int) -> dict:
     epoch, i = divmod(int(index), self.rows_per_epoch)
