@@ -29,6 +29,7 @@ caller's again.
 from __future__ import annotations
 
 import _thread
+import asyncio
 import contextlib
 import gc
 import logging
@@ -36,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 INTERRUPTED = 130   # the shell's status for "stopped by SIGINT"
@@ -77,16 +79,35 @@ _interrupts = _Interrupts()
 _COMPILING = "backend_compile_and_load"
 
 
+# asyncio's event-loop set-up and tear-down (orbax reads run one per call):
+# interrupted there, a half-built loop without its self-pipe reported
+# "AttributeError: ... '_ssock'" from its __del__ at exit.
+_ASYNCIO_DIR = str(Path(asyncio.__file__).parent)
+_LOOP_LIFECYCLE = frozenset({"__init__", "_make_self_pipe", "new_event_loop", "close",
+                             "_close_self_pipe", "__del__", "shutdown_asyncgens",
+                             "shutdown_default_executor", "_cancel_all_tasks"})
+
+
 def _unsafe_to_interrupt(frame) -> bool:
-  """Whether the main thread is inside an import, a gc callback or an XLA compile."""
+  """Whether the main thread is inside an import, a gc callback, an XLA compile or
+  the building or closing of an asyncio event loop."""
   callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
   while frame is not None:
     code = frame.f_code
     if (code.co_filename.startswith("<frozen importlib") or code in callbacks
-        or code.co_name == _COMPILING):
+        or code.co_name == _COMPILING
+        or (code.co_filename.startswith(_ASYNCIO_DIR) and code.co_name in _LOOP_LIFECYCLE)):
       return True
     frame = frame.f_back
   return False
+
+
+def _from_asyncio(obj) -> bool:
+  """An asyncio object or function (a loop's __del__, say) reporting while unwinding."""
+  code = getattr(obj, "__code__", None) or getattr(obj, "cr_code", None)
+  module = getattr(type(obj), "__module__", "") or ""
+  return ((code is not None and code.co_filename.startswith(_ASYNCIO_DIR))
+          or module.startswith("asyncio"))
 
 
 def _abandoned_orbax_read(obj) -> bool:
@@ -132,6 +153,8 @@ def cli_noise_filter(log_file: Path | None = None):
 
   def unraisable(report):
     if _is_late_loop_noise(report.exc_value) or _abandoned_orbax_read(report.object):
+      return note(report.exc_value)
+    if _interrupts.stopping and _from_asyncio(report.object):   # unwound by the Ctrl-C
       return note(report.exc_value)
     if report.exc_type is KeyboardInterrupt:   # swallowed where no handler saw it coming
       _interrupts.stopping = False
@@ -195,18 +218,25 @@ def run_interruptible(command, *args, **kwargs) -> int:
       status = run_interruptible(run_main, argv)
     sys.exit(status)
   """
+  unwinding = contextlib.ExitStack()
   try:
     return command(*args, **kwargs)
   except KeyboardInterrupt:
     _interrupts.stopping = True
+    # The coroutines an interrupted orbax read had made but not yet awaited are
+    # collected from here on; their "never awaited" warnings say nothing to the user.
+    unwinding.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                            category=RuntimeWarning)
   finally:
     stop_checkpoint_threads()
-  # Outside the except block, so the interrupted frames are released: what they
-  # held (data iterators and their threads, device buffers) is finalised now,
-  # while the interpreter is whole, not during its shutdown.
-  gc.collect()
-  settle_device_work()
-  _let_abandoned_reads_report()
+  with unwinding:
+    # Outside the except block, so the interrupted frames are released: what they
+    # held (data iterators and their threads, device buffers) is finalised now,
+    # while the interpreter is whole, not during its shutdown.
+    gc.collect()
+    settle_device_work()
+    _let_abandoned_reads_report()
   print("interrupted", file=sys.stderr)
   return INTERRUPTED
 
