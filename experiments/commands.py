@@ -11,6 +11,7 @@ raises a one-line ValueError (or OSError, CheckpointError) that
     sample_command(workdir, prompts)    continuations of the prompts
     analyze_command(workdir, ...)       the analyses of an LM or a VLM run
     configs_command()                   the config files and their purpose
+    plan_command(config, mesh)          a run's per-device cost on a mesh (experiments/plan)
     command_logging()                   the logging a command runs under (a `with` block)
 """
 
@@ -70,7 +71,11 @@ def train_command(config, workdir, *, max_memory: str | None = None,
           f"{result['workdir']}. Run the same command again to resume.")
     return 130
   print(f"done: {result['step']} steps, run directory {result['workdir']}")
-  if "vlm" in config:
+  if "qwen3vl" in config:   # Stage I / II on Qwen3-VL: the last logged loss or reward
+    final = result["final"]
+    key = "reward" if final["stage"] == "grpo" else "loss"
+    print(f"Qwen3-VL {final['stage']}: last train/{key} {final[key][-1]}")
+  elif "vlm" in config:
     print(f"VLM {result['final']['stage']}: validation {result['final']['eval']['overall']}")
   else:
     unit = "token" if config.data.get("kind") == "tokens" else "byte"   # token data: per token
@@ -139,6 +144,17 @@ def analyze_command(workdir, kind: str, *, which=None, step: int | None = None, 
                    stability_steps=tuple(int(s) for s in steps) or None, **lm_options)
   print(f"wrote {sorted(out)} (.json, .md, .png) into {workdir}/analysis")
   return 0
+
+
+def plan_command(config, mesh: str | None = None, *, accelerator: str = "h100",
+                 mfu: float = 0.4, argv: list[str] | None = None) -> int:
+  """Prints the plan of `config` on `mesh` (`data=8`; None: one device): memory, FLOPs,
+  collective bytes and step time per device, from the compiled step (experiments/plan)."""
+  from experiments.plan.command import plan_command as plan
+  from experiments.tasks.checks import check_experiment_config
+  check_experiment_config(config)
+  name = next((a.split("=", 1)[1] for a in argv or () if a.startswith("--config=")), "")
+  return plan(config, mesh, accelerator=accelerator, mfu=mfu, name=name, argv=argv)
 
 
 def configs_command() -> int:

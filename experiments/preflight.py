@@ -55,6 +55,12 @@ def check_train_config(config, *, max_memory: str | None = None) -> None:
   """Refuses a config the run cannot use, before its workdir is touched."""
   from experiments.tasks.checks import check_experiment_config, check_memory, parse_bytes
   check_experiment_config(config)
+  if "qwen3vl" in config:   # PVM on Qwen3-VL (experiments/tasks/qwen3vl.py)
+    from experiments.tasks.qwen3vl import check_qwen3vl_config, plan_line
+    check_qwen3vl_config(config)
+    if config.get("plan_devices"):
+      print(plan_line(config, config.plan_devices), file=sys.stderr, flush=True)
+    return
   if "vlm" in config:
     from experiments.vlm.config import vlm_config
     vlm_config(config)

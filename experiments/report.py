@@ -2,37 +2,47 @@
 
     python -m experiments.report [--root=runs/repro] [--out=experiments/results/lngram]
 
-Reads every run of `experiments.reproduce.plan()` that has written metrics, and prints
-the Markdown of RESULTS.md's Lngram section: a summary table of the paper's claims
-(its number beside ours and a verdict); per experiment, each arm's final validation
-bits per byte (mean ± std over its finished seeds, the seeds named), memory parameters
-(total / active per token, from the config file) and median training tokens/s; plus one
-validation-curve plot per experiment (seed bands) written as PNG under `--out`; then the
-ID analyses of the best Lngram v2 run and the insertion comparison, read from the
-`<run>/analysis/*.json` that `python -m experiments.reproduce analyze` writes. Numbers
-are never typed by hand (except the paper's): rerun this after more runs finish; what is
-not there yet shows as "pending: <why>".
+Reads every run of `experiments.reproduce.plan()` that has written metrics (stale
+directories of an older design are never read) and prints the Markdown of RESULTS.md's
+Lngram section: the runs still pending; the summary table of the pre-declared claim
+family, each claim a paired contrast over seeds (experiments/stats.py: the paired
+t-test with its 95% CI, the exact sign-flip test, a document-bootstrap CI from the
+per-document validation losses, Holm over the family, the minimum detectable effect)
+with its verdict computed from those numbers; the controls; per setting, each arm's
+final validation bits per unit (mean ± sd over its finished seeds), memory parameters
+(total / active per token, from the config file) and median training tokens/s, plus one
+validation-curve plot per setting (PNG under `--out`); then the ID analyses and the
+insertion comparison read from `<run>/analysis/*.json`
+(`python -m experiments.reproduce analyze`), and the state of PVM's long-answer rerun
+(`vlm_long`, with each finished run's item and answer accuracy). Nothing is typed by hand except the
+paper's figures: rerun this after more runs finish.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 from pathlib import Path
 
-from experiments import reproduce
+import numpy as np
+
+from experiments import reproduce, stats
 from experiments.configs import load_config
 from experiments.models import lm_config, params
 from experiments.report_analyses import analysis_claims, id_section, insertion_section
-from experiments.results import collect, finals, mean_std
+from experiments.results import collect, mean_std
 
 RESULTS_DIR = Path(__file__).resolve().parent   # experiments/, which holds RESULTS.md
 
 
 def memory_params(config_spec: str) -> tuple[int, int]:
   """(total, active per token) of the memory branches of a config file's model."""
-  return params.memory_params(lm_config(load_config(f"{reproduce.CONFIGS}/{config_spec}")))
+  config = load_config(f"{reproduce.CONFIGS}/{config_spec}")
+  if config.data.get("kind") == "tokens" and not config.model.vocab_size:
+    config.model.vocab_size = reproduce.TOKEN_VOCAB   # the token data's vocabulary
+  return params.memory_params(lm_config(config))
 
 
 def provenance(results: dict) -> str:
@@ -56,7 +66,7 @@ def provenance(results: dict) -> str:
 
 def table(experiment: str, arms: dict) -> str:
   lines = [f"#### {experiment}", "",
-           "| arm | config | final val. bits/byte | seeds done | memory params total / active | "
+           "| arm | config | final val. bits/unit | seeds done | memory params total / active | "
            "tokens/s |", "|---|---|---:|---|---:|---:|"]
   for name, entry in arms.items():
     done_finals = [s["final"] for s in entry["seeds"].values() if s["final"] is not None]
@@ -104,133 +114,225 @@ def plot(experiment: str, arms: dict, out: Path) -> Path | None:
   return path
 
 
-# (claim, paper's figure, experiment, better arm, worse arm): "better" should have the lower
-# validation bits per byte if the claim holds at our scale.
-CLAIMS = (
-    ("Lngram v2 beats the memory-free baseline",
-     "val. loss 2.8584 (r16) vs 2.8899 (Table 4); VLM avg 47.93 vs 47.25 (Table 2)",
-     "main", "lngram_r16", "baseline"),
-    ("more routes help (r64 over r16)", "val. loss 2.8578 vs 2.8584 (Table 4); avg 55.71 vs "
-     "54.20 (Table 3)", "main", "lngram_r64", "lngram_r16"),
-    ("v2 matches or beats v1 with far fewer parameters", "val. loss 2.8584 (r16) vs 2.8609 "
-     "(Table 4)", "main", "lngram_r16", "lngram_v1"),
-    ("v2 beats PKM", "VLM avg 47.93 vs 47.24 (Table 2)", "main", "lngram_r16", "pkm"),
-    ("v2 beats the parameter-matched sparse FFN", "VLM avg 47.93 vs 45.86 (Table 2)", "main",
-     "lngram_r16", "sparse_ffn"),
-    ("v2 vs Engram (text only)", "not measured in the paper (discussed, §4.1)", "main",
-     "lngram_r16", "engram"),
-    ("the counterfactual surrogate beats STE", "val. loss 2.8585 vs 7.3349 (App. A.5)",
-     "surrogate", "onebit", "ste"),
-    ("the sink helps", "avg 79.71 vs 79.39 (§4.2, Keye30B)", "sink", "sink", "nosink"),
+# The pre-declared claim family, tested paired by seed: (setting, claim, the paper's figure,
+# contrast). A contrast {arm: coefficient} gives per seed d = sum of coefficient x final
+# validation bits per unit; d > 0 is the claim's direction (lower loss where it says).
+def _v2_over(arm):
+  return {arm: 1.0, "lngram_r16": -1.0}
+
+
+_PAPER = {
+    "baseline": "val. loss 2.8584 (r16) vs 2.8899 (Table 4); VLM avg 47.93 vs 47.25 (Table 2)",
+    "dense_active": "not in the paper (our control: the same active parameters, dense)",
+    "lngram_r64": "val. loss 2.8578 vs 2.8584 (Table 4); avg 55.71 vs 54.20 (Table 3)",
+    "lngram_v1": "val. loss 2.8584 (v2 r16) vs 2.8609 (v1), Table 4",
+    "lngram_v1_paper": "v2 r16 with 82.6% fewer total parameters than v1, Table 4",
+    "pkm": "VLM avg 47.93 vs 47.24 (Table 2)",
+    "sparse_ffn": "VLM avg 47.93 vs 45.86 (Table 2)",
+    "engram": "not measured in the paper (discussed, §4.1)",
+}
+_V2_CLAIMS = (
+    ("baseline", "Lngram v2 r16 beats the memory-free baseline"),
+    ("dense_active", "v2 r16 beats a dense baseline with its active parameters"),
+    ("lngram_r64", "more routes help (r64 over r16)"),
+    ("lngram_v1", "v2 r16 beats v1 at matched active parameters"),
+    ("lngram_v1_paper", "v2 r16 matches or beats v1 with 80% fewer total parameters"),
+    ("pkm", "v2 r16 beats PKM"),
+    ("sparse_ffn", "v2 r16 beats the parameter-matched sparse FFN"),
+    ("engram", "v2 r16 vs Engram"),
 )
 
 
-def verdict(better: list[float], worse: list[float]) -> str:
-  """'reproduced' when the better arm's mean is lower by more than twice the standard error
-  of the difference, 'not reproduced' when higher by as much, else 'inconclusive'."""
-  if len(better) < 2 or len(worse) < 2:
-    return "pending: fewer than 2 seeds each"
-  diff = statistics.mean(worse) - statistics.mean(better)
-  se = (statistics.variance(better) / len(better) + statistics.variance(worse) / len(worse)) ** 0.5
-  if diff > 2 * se:
-    return f"reproduced (gap {diff:.4f} > 2 s.e. {2 * se:.4f})"
-  if diff < -2 * se:
-    return f"not reproduced (reversed by {-diff:.4f} > 2 s.e. {2 * se:.4f})"
-  return f"inconclusive at this scale (gap {diff:+.4f}, 2 s.e. {2 * se:.4f})"
+def claim_family() -> list[tuple[str, str, str, dict]]:
+  """Every claim of the family, in report order (the Holm adjustment runs over all)."""
+  rows = []
+  for setting in reproduce.SETTINGS:
+    for arm, claim in _V2_CLAIMS:
+      contrast = ({"lngram_r16": 1.0, "lngram_r64": -1.0} if arm == "lngram_r64"
+                  else _v2_over(arm))
+      rows.append((setting, claim, _PAPER[arm], contrast))
+  rows += [
+      ("bytes", "at equal table parameters, more routes beat wider entries (r64 over "
+       "r16 mem128)", "avg 55.71 (r64/m4/KV8, 90.2M) vs 54.69 (r23/m4/KV8/mem256, 89.4M) "
+       "(Table 3)", {"lngram_r16_mem128": 1.0, "lngram_r64": -1.0}),
+      ("bytes", "the sink helps", "avg 79.71 vs 79.39 (§4.2, Keye30B)", _v2_over("lngram_nosink")),
+      ("bytes", "the counterfactual (one-bit) surrogate beats STE",
+       "val. loss 2.8585 vs 7.3349 (App. A.5)", _v2_over("lngram_ste")),
+      ("bytes", "inserted Lngram (backbone LR x0.05) gains over its continued baseline",
+       "gain +0.70 avg into mature Keye2B (Table 5)",
+       {"continued_low": 1.0, "inserted_low": -1.0}),
+      ("bytes", "insertion at backbone LR x0.05 gains more than at the full LR",
+       "the App. B recipe: backbone 5e-6, memory 1e-4 / 4e-4",
+       {"continued_low": 1.0, "inserted_low": -1.0, "continued_full": -1.0,
+        "inserted_full": 1.0}),
+  ]
+  return rows
 
 
-# Single-seed comparisons (the routes study has one seed per arm: directions, no spread):
-# (claim, paper's figure, experiment, better arm, worse arm, arms also shown).
-SINGLE_SEED_CLAIMS = (
-    ("at equal table parameters, more routes beat wider entries",
-     "avg 55.71 (r64/m4/KV8, 90.2M) vs 54.69 (r23/m4/KV8/mem256, 89.4M) (Table 3)",
-     "routes", "r64_mem32", "r16_mem128", ()),
-    ("more KV heads help the readout (KV 4 over KV 1 at r16)",
-     "avg 56.16 (r121/m4/KV16) vs 53.69 (r123/m4/KV2), ~156M each (Table 3)",
-     "routes", "r16_kv4", "r16_kv1", ("r16_kv2",)),
-    ("inserting Lngram into a trained backbone beats adding it from step 0",
-     "gain over the base +0.70 avg (into mature Keye2B) vs +0.17 (new Qwen3+SigLIP2 VLM) "
-     "(Table 5)", None, ("insertion", "inserted_300", 0), ("main", "lngram_r16", 0), ()),
+# Controls, outside the family (unadjusted p): whether a comparison arm is a fair one.
+CONTROLS = (
+    ("bytes", "the matched sparse FFN is not worse than the baseline",
+     {"baseline": 1.0, "sparse_ffn": -1.0}),
+    ("tokens", "the matched sparse FFN is not worse than the baseline",
+     {"baseline": 1.0, "sparse_ffn": -1.0}),
+    ("bytes", "the active-matched dense baseline beats the baseline",
+     {"baseline": 1.0, "dense_active": -1.0}),
+    ("bytes", "a trained router beats a frozen random one (the ID analyses' control)",
+     _v2_over("lngram_r16_frozen")),
+    ("bytes", "full-LR insertion gains over its continued baseline",
+     {"continued_full": 1.0, "inserted_full": -1.0}),
 )
 
 
-def _pending_arm(results, experiment, arm, seed=None) -> str:
-  entry = results.get(experiment, {}).get(arm)
-  state = ("not started" if entry is None or (seed is not None and seed not in entry["seeds"])
-           else "not finished")
-  return f"pending: {experiment}/{arm}{'' if seed is None else f'_s{seed}'} {state}"
+def paired_values(results, setting: str, contrast: dict):
+  """(seeds, d per seed, per-document contrast [S, D] and tokens [D] or None, missing):
+  the seeds where every arm of the contrast finished; the document arrays only when every
+  one of those runs kept its per-document evaluation over the same documents."""
+  seeds_of = {}
+  for arm in contrast:
+    entry = results.get(setting, {}).get(arm, {"seeds": {}})
+    seeds_of[arm] = {k: v for k, v in entry["seeds"].items() if v["final"] is not None}
+  seeds = sorted(set.intersection(*(set(v) for v in seeds_of.values())))
+  d = [sum(c * seeds_of[a][s]["final"] for a, c in contrast.items()) for s in seeds]
+  missing = [f"{setting}/{a} {len(seeds_of[a])} seeds" for a in contrast]
+  docs = None
+  per = [[seeds_of[a][s]["per_doc"] for a in contrast] for s in seeds]
+  if seeds and all(p is not None for row in per for p in row):
+    names = per[0][0]["names"]
+    tokens = per[0][0]["tokens"]
+    if all(p["names"] == names and np.array_equal(p["tokens"], tokens)
+           for row in per for p in row):
+      delta = np.stack([sum(c * p["nats"] for c, p in zip(contrast.values(), row,
+                                                           strict=True)) for row in per])
+      docs = (delta, tokens)
+  return seeds, d, docs, missing
 
 
-def single_seed_verdict(better: str, b: list[float], worse: str, w: list[float]) -> str:
-  """The direction of a one-seed comparison: no spread, so no 'reproduced'."""
-  diff = statistics.mean(w) - statistics.mean(b)
-  if diff > 0:
-    return f"one seed: {better} lower by {diff:.4f} (the paper's direction), no spread"
-  if diff < 0:
-    return f"one seed: {worse} lower by {-diff:.4f} (against the paper), no spread"
-  return "one seed: equal, no spread"
+def _fmt(x, digits=4, signed=True) -> str:
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return "–"
+  return f"{x:+.{digits}f}" if signed else f"{x:.{digits}g}"
 
 
-def _arm(spec, experiment) -> tuple[str, str, int | None]:
-  """(experiment, arm, seed or None) of a claim's arm: an arm of `experiment`, or
-  (experiment, arm, seed)."""
-  return spec if isinstance(spec, tuple) else (experiment, spec, None)
-
-
-def single_seed_row(results, claim, paper, experiment, better, worse, also) -> str:
-  arms = [_arm(better, experiment), _arm(worse, experiment)] + [(experiment, a, None)
-                                                                  for a in also]
-  shown = [(e, a, s, finals(results, e, a, s)) for e, a, s in arms]
-  ours = ", ".join(f"{a}{'' if s is None else f'_s{s}'} {mean_std(v) if v else '–'} "
-                   f"(n={len(v)})" for _, a, s, v in shown)
-  (_, b_arm, _, b), (_, w_arm, _, w) = shown[:2]
-  if not b or not w:
-    why = "; ".join(_pending_arm(results, e, a, s) for e, a, s, v in shown[:2] if not v)
-  else:
-    why = single_seed_verdict(b_arm, b, w_arm, w)
-  return f"| {claim} | {paper} | {ours} (final val. bits/byte) | {why} |"
+def _claim_cells(results, setting, contrast, holm_p, mde_alpha):
+  seeds, d, docs, missing = paired_values(results, setting, contrast)
+  test = stats.paired_t(d)
+  n = len(d)
+  arms = " / ".join(f"{a} {m.split()[-2]}" for a, m in zip(contrast, missing, strict=True))
+  diff = (f"{_fmt(test['mean'])} [{_fmt(test['ci'][0])}, {_fmt(test['ci'][1])}]"
+          if n >= 2 else (_fmt(test["mean"]) if n else "–"))
+  boot = "–"
+  if docs is not None and n >= 1:
+    _, lo, hi = stats.doc_bootstrap_ci(*docs)
+    boot = f"[{_fmt(lo)}, {_fmt(hi)}]"
+  flip = stats.sign_flip_p(d) if n else math.nan
+  flips = f"{_fmt(flip, 3, False)} (min {_fmt(stats.min_flip_p(n), 3, False)})" if n else "–"
+  mde = stats.min_detectable_effect(test["sd"], n, alpha=mde_alpha)
+  verdict = stats.verdict(test, holm_p)
+  if verdict == "pending":
+    verdict = f"pending: n = {n} paired seeds ({arms})"
+  return (f"{n} ({arms})", diff, boot, _fmt(test["p"], 3, False), flips,
+          _fmt(holm_p, 3, False), _fmt(mde, 3, False), verdict)
 
 
 def summary(results, root: Path | None = None) -> str:
-  lines = ["| claim | paper | ours (final val. bits/byte mean ± std (n seeds), or as named) | "
-           "verdict |", "|---|---|---|---|"]
-  for claim, paper, experiment, better, worse in CLAIMS:
-    b, w = finals(results, experiment, better), finals(results, experiment, worse)
-    ours = (f"{better} {mean_std(b)} (n={len(b)}) vs {worse} {mean_std(w)} (n={len(w)})")
-    lines.append(f"| {claim} | {paper} | {ours} | {verdict(b, w)} |")
-  for row in SINGLE_SEED_CLAIMS:
-    lines.append(single_seed_row(results, *row))
+  """The claim family's table: paired differences over seeds, Holm over the family."""
+  family = claim_family()
+  raw = [stats.paired_t(paired_values(results, s, c)[1])["p"] for s, _, _, c in family]
+  adjusted = stats.holm(raw)
+  m = sum(not math.isnan(p) for p in raw) or len(family)
+  lines = [f"Paired by seed: Δ = the claim's 'worse' arm minus its 'better' arm in final "
+           f"validation bits per unit (> 0: the claim's direction), mean over seeds with its "
+           f"t 95% CI; the document-bootstrap 95% CI (2,000 resamples of validation "
+           f"documents, shared by the seeds); p of the paired t-test and of the exact "
+           f"sign-flip test over seeds (with the smallest p its n allows); Holm over the "
+           f"{len(family)} pre-declared claims ({m} evaluable); MDE: the mean Δ a paired "
+           f"t-test of this n detects with 80% power at α = 0.05/{m} (Holm's first step), "
+           f"from the observed sd. Verdict: supported / reversed when Holm p < 0.05, else "
+           f"not shown.", "",
+           "| setting | claim | paper | n pairs (seeds per arm) | Δ bits/unit [95% CI] | "
+           "document-bootstrap CI | p (t) | p (sign-flip) | Holm p | MDE | verdict |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+  for (setting, claim, paper, contrast), holm_p in zip(family, adjusted, strict=True):
+    cells = _claim_cells(results, setting, contrast, holm_p, stats.ALPHA / m)
+    lines.append(f"| {setting} | {claim} | {paper} | " + " | ".join(cells) + " |")
+  lines += ["", "Controls (outside the family; p unadjusted, verdict at p < 0.05):", "",
+            "| setting | control | n pairs (seeds per arm) | Δ bits/unit [95% CI] | "
+            "document-bootstrap CI | p (t) | p (sign-flip) | verdict |",
+            "|---|---|---|---:|---:|---:|---:|---|"]
+  for setting, claim, contrast in CONTROLS:
+    p = stats.paired_t(paired_values(results, setting, contrast)[1])["p"]
+    n_, diff, boot, pt, flips, _, _, verdict = _claim_cells(results, setting, contrast, p,
+                                                            stats.ALPHA)
+    lines.append(f"| {setting} | {claim} | {n_} | {diff} | {boot} | {pt} | {flips} | "
+                 f"{verdict} |")
   if root is not None:
+    lines += ["", "| claim | paper | ours | verdict |", "|---|---|---|---|"]
     lines += [f"| {claim} | {paper} | {ours} | {why} |"
               for claim, paper, ours, why in analysis_claims(root)]
   return "\n".join(lines)
 
 
-ONE_SEED_NOTE = {"routes": "One seed per arm (enough to read a direction): the "
-                           "differences have no spread estimate; read them as directions.",
-                 "main": "tokens/s: the median over each run's logged intervals on a shared "
-                         "2-core machine where other jobs ran at times, so it is not a "
-                         "benchmark; `python -m experiments.bench.train` measures every "
-                         "arm side by side (BENCHMARKS.md)."}
+def pending_runs(root: Path) -> list[str]:
+  """The keys of the queue's runs not finished under `root` (stale ones marked)."""
+  return [r.key + (" (stale)" if reproduce.stale(r, root) else "")
+          for r in reproduce.plan() if not reproduce.finished(r, root)]
+
+
+NOTES = {"bytes": "tokens/s: the median over each run's logged intervals on a shared "
+                  "machine where other jobs ran at times, so it is not a benchmark; "
+                  "`python -m experiments.bench.train` measures every arm side by side "
+                  "(BENCHMARKS.md).",
+         "tokens": "Bits per unit are bits per TOKEN of the 4,096-id BPE here."}
 
 
 def report(root: Path, out: Path) -> str:
   results = collect(root)
-  if not results:
-    return f"No reproduction runs under {root} yet (python -m experiments.reproduce run)."
-  parts = [provenance(results), "", summary(results, root), ""]
+  pending = pending_runs(root)
+  parts = [provenance(results) if results else
+           f"No finished run of this design under {root} yet.", ""]
+  if pending:
+    parts += [f"Runs pending ({len(pending)} of {len(reproduce.plan())}; "
+              "`python -m experiments.reproduce run`): " + ", ".join(pending), ""]
+  parts += [summary(results, root), ""]
   for experiment, arms in results.items():
+    if experiment not in reproduce.SETTINGS:   # the VLM rerun has its own table below
+      continue
     parts.append(table(experiment, arms))
-    if experiment in ONE_SEED_NOTE:
-      parts.append("\n" + ONE_SEED_NOTE[experiment])
+    if experiment in NOTES:
+      parts.append("\n" + NOTES[experiment])
     path = plot(experiment, arms, out)
     if path is not None:
       # Links relative to experiments/RESULTS.md, where the section goes.
       link = os.path.relpath(path.resolve(), RESULTS_DIR.resolve())
       parts.append(f"\n![{experiment}]({Path(link).as_posix()})")
     parts.append("")
-  parts += [id_section(root), "", insertion_section(root, results), ""]
+  parts += [id_section(root), "", insertion_section(root, results), "", vlm_table(root), ""]
   return "\n".join(parts)
+
+
+def vlm_table(root: Path) -> str:
+  """PVM's long-answer rerun: each run's state and, once done, its final evaluation
+  (metrics.json: item and answer accuracy over the validation scenes)."""
+  import json
+
+  lines = [f"#### {reproduce.VLM}: PVM's long-answer rerun", "",
+           f"{reproduce.GPU_SCALE[reproduce.VLM]}.", "",
+           "| run | config | after | state | item acc. | answer acc. | scenes |",
+           "|---|---|---|---|---:|---:|---:|"]
+  for run in reproduce.vlm_plan():
+    cells = ["–"] * 3
+    state = reproduce.status(run, root)
+    if state == "done":
+      try:
+        ev = json.loads((reproduce.run_dir(run, root) / "metrics.json").read_text())["eval"]
+        cells = [f"{ev['overall']['item_acc']:.4f}", f"{ev['overall']['answer_acc']:.4f}",
+                 str(ev["n"])]
+      except (OSError, ValueError, KeyError, TypeError) as e:
+        state = f"pending: metrics.json unreadable ({type(e).__name__})"
+    lines.append(f"| `{run.key}` | `{run.config}` | {run.after or '–'} | {state} | "
+                 + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def main(argv=None):

@@ -1,11 +1,12 @@
 """The Lngram reproduction report's analysis parts (`experiments.report` prints them).
 
-The ID analyses of the best Lngram v2 run (§3, App. C) and the insertion comparison
-(App. B, address stability B.2 and injection B.3), read from the JSON files that
-`lngram-exp analyze` writes into `<run>/analysis/` (`python -m experiments.reproduce
-analyze` runs it on the right runs), with the paper's numbers imported from the
-analysis modules and summary-table rows (claim, paper, ours, verdict). What is missing
-prints as "pending: <why>", never an error.
+The ID analyses (§3, App. C) are `experiments.report_ids` (re-exported here: every
+seed of r16 and r64 and the random-router control); this module adds the insertion
+comparison (App. B, address stability B.2 and injection B.3), read from the JSON
+files that `lngram-exp analyze` writes into `<run>/analysis/`, with the paper's
+numbers imported from the analysis modules, and the summary-table rows (claim,
+paper, ours, verdict) of both. What is missing prints as "pending: <why>", never an
+error.
 """
 
 from __future__ import annotations
@@ -13,192 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments import reproduce
-from experiments.analysis.associations import PAPER as ASSOC
-from experiments.analysis.distributed import PAPER as DIST
-from experiments.analysis.id_readers import PAPER_P, PAPER_TABLE1
 from experiments.analysis.injection import PAPER_TABLE7, PAPER_TABLE8
 from experiments.analysis.stability import PAPER_TABLE6
-from experiments.analysis.utilisation import PAPER_TABLE9
+from experiments.report_ids import _guarded, id_claims, id_section
 from experiments.results import collect, finals, mean_std, read_analysis
 
-
-def _guarded(fn, *args) -> str:
-  """fn(*args), or a pending cell when an analysis file lacks what fn reads."""
-  try:
-    return fn(*args)
-  except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
-    return f"pending: analysis file lacks {type(e).__name__} {e}"
-
-
-def _pct(x) -> str:
-  return "–" if x is None else f"{100 * x:.2f}%"
-
-
-def _span(values, fmt=_pct) -> str:
-  values = [v for v in values if v is not None]
-  if not values:
-    return "–"
-  lo, hi = min(values), max(values)
-  return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
-
-
-def _settings(result: dict, key: str) -> list[tuple[str, str, float | None]]:
-  """[(layer, level, value)] of `result["layers"][layer][key][level]`."""
-  return [(layer, level, value) for layer, row in result["layers"].items()
-          for level, value in row[key].items()]
-
-
-def _values(result: dict, key: str) -> list:
-  return [v for *_, v in _settings(result, key)]
-
-
-def _x2(x) -> str:
-  return f"{x:.2f}"
-
-
-def _g4(x) -> str:
-  return f"{x:.4g}"
-
-
-def best_run(root: Path):
-  """(run, final bits/byte, n finished candidates) of the best Lngram v2 run, or None."""
-  runs = reproduce.plan()
-  best = reproduce.best_lngram_run(root, runs)
-  if best is None:
-    return None
-  n = sum(1 for r in runs if r.experiment == "main" and r.name in reproduce.BEST_ARMS
-          and reproduce.finished(r, root))
-  return (*best, n)
-
-
-def _utilisation_ours(u: dict) -> str:
-  return "; ".join(
-      f"layer {layer}: {row['n_eff']:.2f} effective codes of {u['codes_per_route']}, "
-      f"normalised entropy {row['normalised_entropy']:.3f}, top code "
-      f"{100 * row['top_freq']:.1f}%, dead {row['dead_codes']} / {row['total_codes']}"
-      for layer, row in u["layers"].items())
-
-
-def _utilisation_paper() -> str:
-  return "; ".join(f"layer {layer}: {n_eff:.2f} of 16, {ent:.3f}, {100 * top:.1f}%, dead "
-                   f"{dead} / {total:,}" for layer, n_eff, ent, top, dead, total in PAPER_TABLE9)
-
-
-def _id_knn_ours(k: dict) -> str:
-  rhos = _settings(k, "rho")
-  ps = [k["layers"][layer]["permutation"][level]["p"] for layer, level, _ in rhos]
-  order = sum(bool(k["layers"][layer]["ordering"][level]) for layer, level, _ in rhos)
-  return (f"excess AP retained ρ {_span(_values(k, 'rho'))} over {len(rhos)} settings; "
-          f"permutation p {_span(ps, _g4)} ({k['n_perm']} permutations); "
-          f"H_model > Q_route > ID-KNN > nuisance in {order}/{len(rhos)}")
-
-
-def _id_knn_paper() -> str:
-  return (f"ρ {_span([row[-1] for row in PAPER_TABLE1])} over {len(PAPER_TABLE1)} settings; "
-          f"p = {PAPER_P:.4g} (1/501) in every setting; ordering in all")
-
-
-def _associations_ours(a: dict) -> str:
-  t = a["total"]
-  local = ", ".join(f"layer {key.split('/')[0]} {_pct(row['rate'])}"
-                    for key, row in a["by_layer_level"].items() if key.endswith("/local"))
-  return (f"{t['candidates']} candidates, {t['evaluable']} evaluable, {t['replicated']} "
-          f"replicated: {_pct(t['rate'])}" + (f"; local level {local}" if local else ""))
-
-
-def _associations_paper() -> str:
-  local = ", ".join(f"layer {layer} {_pct(rate)}"
-                    for layer, rate in ASSOC["rate_local_presence"].items())
-  return (f"{ASSOC['candidates']:,} / {ASSOC['evaluable']:,} / {ASSOC['replicated']:,}: "
-          f"{_pct(ASSOC['rate'])}; local presence {local}")
-
-
-def _routes_of(d: dict) -> int:
-  return max(max(row["ms"]) for row in d["layers"].values())
-
-
-def _distributed_ours(d: dict) -> str:
-  return (f"S_dict ρ {_span(_values(d, 'rho'))}, ID-KNN ρ {_span(_values(d, 'rho_id_knn'))}; "
-          f"AP_R / AP_1 {_span(_values(d, 'ratio'), _x2)} (R = {_routes_of(d)} routes)")
-
-
-def _distributed_paper() -> str:
-  return (f"S_dict ρ {_span(DIST['rho_range'])}, ID-KNN ρ {_span(DIST['id_knn_rho_range'])}; "
-          f"AP_128 / AP_1 {_span(DIST['ap_ratio_range'], _x2)}")
-
-
-def _id_knn_table(k: dict) -> str:
-  lines = ["| layer | target | H_model | Q_route | ID-KNN | nuisance | ρ (excess AP retained) | "
-           "perm. p | observed vs null max |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-  for layer, row in k["layers"].items():
-    for level, rho in row["rho"].items():
-      ap, perm = row["ap"], row["permutation"][level]
-      lines.append(f"| {layer} | {level} | " + " | ".join(
-          f"{ap[r][level]:.4f}" for r in ("H_model", "Q_route", "ID", "nuisance"))
-          + f" | {_pct(rho)} | {perm['p']:.4g} | {perm['observed']:.4f} vs "
-          f"{perm['null_max']:.4f} |")
-  return "\n".join(lines)
-
-
-def _examples_table(a: dict) -> str:
-  lines = ["| code expression | target level | P (held-out) | P0 | Δ | n |",
-           "|---|---|---:|---:|---:|---:|"]
-  for e in a["examples"]:
-    lines.append(f"| `{e['expression']}` | {e['level']} | {_pct(e['P'])} | {_pct(e['P0'])} | "
-                 f"{100 * e['delta']:+.2f} pp | {e['n']} |")
-  return "\n".join(lines)
-
-
-ID_ANALYSES = (  # name, section of the paper, ours, paper
-    ("utilisation", "C.1, Table 9", _utilisation_ours, _utilisation_paper),
-    ("id_knn", "§3.2, Table 1", _id_knn_ours, _id_knn_paper),
-    ("associations", "C.2", _associations_ours, _associations_paper),
-    ("distributed", "C.3", _distributed_ours, _distributed_paper),
-)
-
-
-def id_section(root: Path) -> str:
-  lines = ["#### ID analyses on the best run (§3, App. C)", ""]
-  best = best_run(root)
-  if best is None:
-    return "\n".join(lines + ["pending: no Lngram v2 run of main has finished."])
-  run, value, n = best
-  workdir = reproduce.run_dir(run, root)
-  lines += [f"The best Lngram v2 run is `{run.key}`: final validation {value:.4f} bits/byte, "
-            f"the lowest of the {n} finished lngram_r16 / lngram_r64 runs of main (one run: "
-            f"no seed spread). `lngram-exp analyze` wrote these numbers into "
-            f"`{workdir}/analysis/`. Our targets are read from Python source (token kind, "
-            "enclosing statement, imported module), the paper's from COCO (caption mention, "
-            "local / visual presence): the numbers compare in kind, not one to one.", "",
-            "| analysis | ours | paper |", "|---|---|---|"]
-  results = {}
-  for name, where, ours, paper in ID_ANALYSES:
-    results[name], why = read_analysis(workdir, name)
-    cell = why if results[name] is None else _guarded(ours, results[name])
-    lines.append(f"| {name} ({where}) | {cell} | {paper()} |")
-  steps = sorted({r["source"]["step"] for r in results.values()
-                  if isinstance(r, dict) and isinstance(r.get("source"), dict)})
-  if steps:
-    lines += ["", f"Computed from checkpoint step{'s' if len(steps) > 1 else ''} "
-              f"{', '.join(map(str, steps))} of `{run.key}`."]
-  if results["id_knn"] is not None:
-    perm_queries = results["id_knn"].get("perm_queries", "a subset of the")
-    lines += ["", "ID-KNN per setting (mean AP per reader; ρ = (ID − nuisance) / (H_model − "
-              "nuisance); p: the permutation test of the reference signatures, its observed AP "
-              f"and the null's maximum on {perm_queries} of the queries):", "",
-              _guarded(_id_knn_table, results["id_knn"])]
-    try:
-      above = [f"layer {layer} {level}" for layer, level, v in _settings(results["id_knn"], "rho")
-               if v is not None and v > 1]
-    except (KeyError, TypeError, AttributeError):
-      above = []
-    if above:
-      lines += ["", f"ρ above 100% ({', '.join(above)}): the ID reader beat the hidden-state "
-                "reader there; where H_model's excess over the nuisance is small, ρ is noisy."]
-  if results["associations"] is not None:
-    lines += ["", "The strongest held-out single-code associations (App. C.2, Table 10's form):",
-              "", _guarded(_examples_table, results["associations"])]
-  return "\n".join(lines)
+__all__ = ["analysis_claims", "id_claims", "id_section", "insertion_section"]
 
 
 def _insertion_runs():
@@ -316,18 +137,21 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
   pair = _insertion_analyses(root)
   (ins, *_), (scr, *_) = pair
   by_label = {label: finals(results, r.experiment, r.name, r.seed) for r, label, *_ in pair}
-  base = finals(results, "main", "baseline", scr.seed)
+  # The inserted run's own control: its baseline continued the same way without memory.
+  control = f"{ins.experiment}/continued_low_s{ins.seed}"
+  base = finals(results, ins.experiment, "continued_low", ins.seed)
   lines = ["#### Insertion vs from scratch (App. B)", "",
-           f"Lngram inserted at step {reproduce.step_offset(ins)} into the baseline (`{ins.key}`: "
-           f"{reproduce.steps(ins)} more steps from the backbone of `{ins.after}`) against "
-           f"Lngram from step 0 (`{scr.key}`, {reproduce.steps(scr)} steps); the same Lngram "
-           "config and seed, the same total steps (each leg of the inserted run has its own "
-           "warm-up and decay). One seed each: the CIs below are over documents, not over "
-           "training seeds. Final validation bits/byte: "
+           f"Lngram inserted at step {reproduce.step_offset(ins)} into the final baseline "
+           f"(`{ins.key}`: {reproduce.steps(ins)} more steps from the backbone of "
+           f"`{ins.after}`, its own warm-up and decay, backbone LR x0.05) against Lngram "
+           f"from step 0 (`{scr.key}`, {reproduce.steps(scr)} steps); the same Lngram config "
+           f"and seed. The inserted memory trains {reproduce.steps(ins)} steps on a mature "
+           f"backbone, the other {reproduce.steps(scr)} with its backbone; stability compares "
+           "intervals of equal length (`reproduce.STABILITY_STEPS`). One seed each: the CIs "
+           "below are over documents, not over training seeds. Final validation bits/byte: "
            + ", ".join(f"{label} {mean_std(v) if v else 'pending'}"
                        for label, v in by_label.items())
-           + f", baseline (`main/baseline_s{scr.seed}`) "
-           f"{mean_std(base) if base else 'pending'}.", ""]
+           + f", continued baseline (`{control}`) {mean_std(base) if base else 'pending'}.", ""]
   lines += ["B.2 address stability over the last interval each run's stability analysis "
             "measured (the checkpoints `reproduce.STABILITY_STEPS` names, else the last two "
             "kept), primary protocol (the final router on each checkpoint's backbone, Lngram "
@@ -381,121 +205,9 @@ def insertion_section(root: Path, results: dict | None = None) -> str:
   return "\n".join(lines)
 
 
-def _count_verdict(hits: int, total: int, text: str) -> str:
-  """reproduced when every setting agrees, not reproduced when none does, else inconclusive."""
-  if hits == total:
-    return f"reproduced: {text}"
-  return f"not reproduced: {text}" if hits == 0 else f"inconclusive at this scale: {text}"
-
-
 def analysis_claims(root: Path) -> list[tuple[str, str, str, str]]:
-  """Summary rows (claim, paper, ours, verdict) of the ID analyses and the insertion pair."""
-  rows = []
-  best = best_run(root)
-  found: dict = {}
-  if best is None:
-    whys = dict.fromkeys(reproduce.ANALYSES[:4], "pending: no Lngram v2 run of main has finished")
-  else:
-    workdir = reproduce.run_dir(best[0], root)
-    whys = {}
-    for name in ("utilisation", "id_knn", "associations", "distributed"):
-      found[name], whys[name] = read_analysis(workdir, name)
-  on = f" ({best[0].key})" if best else ""
-
-  def row(claim, paper, name, ours_fn, verdict_fn):
-    if found.get(name) is None:
-      rows.append((claim, paper, "–", whys[name]))
-      return
-    rows.append((claim, paper, _guarded(ours_fn, found[name]) + on,
-                 _guarded(verdict_fn, found[name])))
-
-  def util_ours(u):
-    return "dead codes " + ", ".join(f"{r['dead_codes']} / {r['total_codes']}" for r in
-                                     u["layers"].values()) + "; normalised entropy " + ", ".join(
-        f"{r['normalised_entropy']:.3f}" for r in u["layers"].values())
-
-  def util_verdict(u):
-    # Collapse: many dead codes (1% or more) or a low normalised entropy (below 0.5).
-    dead = sum(r["dead_codes"] for r in u["layers"].values())
-    total = sum(r["total_codes"] for r in u["layers"].values())
-    entropy = [r["normalised_entropy"] for r in u["layers"].values()]
-    text = f"normalised entropy {_span(entropy, lambda x: f'{x:.3f}')}"
-    if dead == 0:
-      return f"reproduced: no dead code, {text}"
-    if dead < 0.01 * total and min(entropy) >= 0.5:
-      return f"reproduced: no collapse ({text}), but {dead} / {total} codes dead (paper 0)"
-    return f"not reproduced: {dead} / {total} codes dead, {text}"
-
-  row("the codes are used, not collapsed (C.1)", "dead codes " + ", ".join(
-      f"{d} / {t:,}" for *_, d, t in PAPER_TABLE9) + "; normalised entropy " + ", ".join(
-      f"{e:.3f}" for _, _, e, *_ in PAPER_TABLE9) + " (Table 9)",
-      "utilisation", util_ours, util_verdict)
-
-  def perms(k):
-    return [k["layers"][layer]["permutation"][level]["p"] for layer, level, _ in
-            _settings(k, "rho")]
-
-  def null_verdict(k):
-    ps = perms(k)
-    below = sum(p <= 0.05 for p in ps)
-    tests = [k["layers"][layer]["permutation"][level] for layer, level, _ in _settings(k, "rho")]
-    above_all = sum(t["observed"] > t["null_max"] for t in tests)
-    text = (f"p ≤ 0.05 in {below}/{len(ps)} layer × target settings, above every "
-            f"permutation in {above_all}/{len(ps)}")
-    return _count_verdict(below, len(ps), text)
-
-  row("the IDs alone carry the semantics: ID-KNN above the permutation null (§3.2)",
-      f"observed AP above all 500 permutations, p = {PAPER_P:.4g} in all "
-      f"{len(PAPER_TABLE1)} settings (Table 1)", "id_knn",
-      lambda k: f"permutation p {_span(perms(k), _g4)} "
-                f"({k['n_perm']} permutations)", null_verdict)
-
-  def rho_verdict(k):
-    rhos = _values(k, "rho")
-    most = sum(v > 0.5 for v in rhos)
-    return _count_verdict(most, len(rhos), f"ρ > 50% in {most}/{len(rhos)} settings")
-
-  row("ID-KNN keeps most of the hidden state's excess AP (§3.2)",
-      f"ρ {_span([r[-1] for r in PAPER_TABLE1])} (Table 1)", "id_knn",
-      lambda k: f"ρ {_span(_values(k, 'rho'))}", rho_verdict)
-
-  def assoc_verdict(a):
-    rate = a["total"]["rate"]
-    text = f"({_pct(rate)}; paper {_pct(ASSOC['rate'])})"
-    if rate > 0.5:
-      return f"reproduced: most evaluable candidates replicate {text}"
-    return f"not reproduced: fewer than half replicate {text}"
-
-  row("single-code associations replicate on held-out files (C.2)",
-      f"{ASSOC['replicated']:,} / {ASSOC['evaluable']:,} = {_pct(ASSOC['rate'])}", "associations",
-      lambda a: f"{a['total']['replicated']} / {a['total']['evaluable']} = "
-                f"{_pct(a['total']['rate'])}", assoc_verdict)
-
-  def ratio_verdict(d):
-    ratios = _values(d, "ratio")
-    above = sum(v > 1 for v in ratios)
-    return _count_verdict(above, len(ratios), f"AP_R > AP_1 in {above}/{len(ratios)} settings")
-
-  row("the full signature beats its best single route (C.3)",
-      f"AP_128 / AP_1 = {_span(DIST['ap_ratio_range'], _x2)}, 6/6 settings",
-      "distributed", lambda d: f"AP_R / AP_1 = {_span(_values(d, 'ratio'), _x2)} "
-                               f"(R = {_routes_of(d)})", ratio_verdict)
-
-  def joint_verdict(d):
-    pairs = [(v, d["layers"][layer]["rho_id_knn"][level]) for layer, level, v in
-             _settings(d, "rho")]
-    below = sum(s < i for s, i in pairs)
-    text = f"S_dict ρ below ID-KNN ρ in {below}/{len(pairs)} settings"
-    if below == len(pairs):
-      return f"reproduced: {text}"
-    return f"not reproduced: {text}" if below == 0 else f"inconclusive at this scale: {text}"
-
-  row("the joint signature carries more than the single-code marginals (C.3)",
-      f"S_dict ρ {_span(DIST['rho_range'])} vs ID-KNN ρ {_span(DIST['id_knn_rho_range'])}",
-      "distributed", lambda d: f"S_dict ρ {_span(_values(d, 'rho'))} vs "
-                               f"ID-KNN ρ {_span(_values(d, 'rho_id_knn'))}",
-      joint_verdict)
-
+  """Summary rows (claim, paper, ours, verdict): the ID analyses', then the insertion pair's."""
+  rows = id_claims(root)
   pair = _insertion_analyses(root)
   text = [r for r in PAPER_TABLE6 if r[1] == "text"]
   rows.append(("inserted Lngram has more stable addresses (B.2)",

@@ -1,31 +1,55 @@
-"""The Lngram v2 paper's comparisons at small scale: every run, as an `lngram-exp` command.
+"""The Lngram v2 paper's comparisons at small scale, paired by seed, in two settings.
 
-    python -m experiments.reproduce list [--only=main,sink]     the commands, and which are done
-    python -m experiments.reproduce run  [--only=main] [--max_runs=N]
+    python -m experiments.reproduce list [--only=bytes,tokens,vlm_long] [--smoke] [--root=DIR]
+    python -m experiments.reproduce run  [--only=bytes] [--max_runs=N] [--shard=I/K] [--smoke]
     python -m experiments.reproduce analyze [--force] [--dry_run]
 
-`run` trains the runs one after another in `runs/repro/<experiment>/<name>_s<seed>` (a
-rerun resumes a cut run exactly and skips finished ones), so the queue can be stopped and
-started at any time. `python -m experiments.report` turns the run directories into the
-tables and plots of RESULTS.md. Every run is an ordinary training command: the seed sets
-the parameters (`train.seed`) and the batch order (`data.seed`); data, steps, optimiser and
-schedule are those of the config files, the same for every arm.
+`run` first prepares what a setting needs (the token data: a copy of the corpus, a
+4,096-id BPE trained on its training split, `lngram-exp prepare-data`), then trains
+the runs one after another in `runs/repro/<setting>/<arm>_s<seed>` (a rerun resumes a
+cut run exactly and skips finished ones; `--shard=I/K` takes every K-th run from the
+I-th, for K processes side by side). Every run is an ordinary `lngram-exp train` of
+`experiments/configs/repro_lm.py:<setting>,<arm>`; the seed sets the parameters and
+the batch order, and since memory branches draw their init after the backbone, the
+runs of one seed share the backbone's init and data: arms are compared paired by seed
+(experiments/stats.py, `python -m experiments.report`).
 
-`analyze` runs `lngram-exp analyze` (the paper's §3 and App. B/C analyses, written into
-`<run>/analysis/`, the log into `<run>/analysis/analyze.log`) on the best finished Lngram
-v2 run of `main` (lowest final validation bits/byte among the lngram_r16 / lngram_r64
-seeds: all six analyses) and on the insertion pair (`insertion/inserted_300_s0` and
-`main/lngram_r16_s0`: stability and injection) at each run's final step, skipping runs
-not finished yet and analyses already written from that step (`--force` redoes them;
-`--dry_run` only prints the commands).
+A run directory holds `repro.json` (this design's version, written before training):
+a directory without it, or of another version, is STALE (runs of the older unpaired
+design, whose memory arms had other backbone inits): it is listed as stale, never read
+into the report and never resumed; move it away to train the run.
 
-Experiments:
-  main       baseline, Lngram v2 r16 and r64, Lngram v1, PKM, Engram, the sparse FFN
-             matched to r16; three seeds (Tables 2 and 4)
-  surrogate  exact, one-bit, ste, none; two seeds for one-bit and ste (App. A.5)
-  sink       with and without the sink, three seeds (§4.2)
-  routes     equal tables, more routes vs wider entries; KV heads 1 / 2 / 4 (Table 3)
-  insertion  Lngram v2 inserted at step 300 into the baseline vs from step 0 (App. B)
+Settings (seeds: 5 for the baseline, Lngram v2 r16 and the strongest competitor,
+Engram, chosen before these runs from the older byte-level results; 3 for the rest):
+  bytes   every arm of repro_lm.py, plus insertion (App. B): from each final baseline,
+          300 more steps with Lngram inserted, the backbone at 0.05x the LR and the
+          memory at its own (`inserted_low`) or everything at the full LR
+          (`inserted_full`), each against the baseline continued the same way
+          without memory (`continued_low`, `continued_full`).
+  tokens  baseline, dense_active, Lngram v2 r16 and r64, v1 (both contrasts), PKM,
+          Engram (hashing token ids), the sparse FFN.
+
+PVM's long-answer rerun (`vlm_long`, experiments/RESULTS.md "Rerun design"): per seed
+0-2, stage 0 `vlm_long_base.py[:sN]` (`vlm_long/base_sN`), then Stage I
+`vlm_long_sft.py[:mlp|:none][,sN]` (`vlm_long/sft_<pvm|mlp|none>_sN`) from that base's
+checkpoint and on its rendered scenes. It is GPU-scale (sequences of ~1,000 bytes, every
+evaluation decodes 512 scenes up to 900 tokens), so `list` marks it and a queue without
+`--only` trains it after the Lngram runs; a VLM run is done when its `metrics.json`
+(written after its final evaluation) exists.
+
+`--smoke` runs the same queue with every config's `smoke` arg (seconds per run) under
+`--root` (default runs/repro_smoke): it checks the queue end to end.
+
+Cost (estimated in RESULTS.md from a 40-step timing and the d = 128 runs): about 15-20
+min a 600-step run on an idle 2-core machine, so ~14 h for the 57 runs of bytes and ~11 h
+for the 33 of tokens on 2 cores, ~3-4 h each on 8 cores with `--shard=I/4`; the `gpu`
+config arg runs the same comparison bigger on an accelerator.
+
+`analyze` runs `lngram-exp analyze` on every finished seed of Lngram v2 r16 and r64
+and of the random-router control (bytes: the record analyses of §3 and App. C), and
+on the insertion pair (`bytes/inserted_low_s0`, `bytes/lngram_r16_s0`: App. B's
+stability and injection), skipping analyses already written from the final
+checkpoint under the current record protocol (`--force` redoes them).
 """
 
 from __future__ import annotations
@@ -33,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,19 +65,49 @@ from pathlib import Path
 from experiments.trainer.writers import read_metrics
 
 ROOT = Path("runs/repro")
+SMOKE_ROOT = Path("runs/repro_smoke")
 CONFIGS = "experiments/configs"
+CONFIG = "repro_lm.py"
+DESIGN = 2             # repro.json's version: 1 was the unpaired design before 2026-12
+STAMP = "repro.json"
+STEPS = 600            # repro_lm.py's training steps (base.py)
+INSERT_STEPS = 300     # steps of the insertion runs after the baseline's 600
+SETTINGS = ("bytes", "tokens")
+VLM = "vlm_long"       # PVM's long-answer rerun: stage 0 bases, Stage I arms from them
+VLM_SEEDS = (0, 1, 2)
+VLM_ARMS = (("sft_pvm", ""), ("sft_mlp", "mlp"), ("sft_none", "none"))   # name, config arg
+EXPERIMENTS = (*SETTINGS, VLM)
+# Experiments too big for CPU: `list` prints the note, `run` trains them last.
+GPU_SCALE = {VLM: "GPU-scale: ~1,000-byte sequences, 512 validation scenes decoded up to "
+                  "900 tokens per evaluation; run it with --only=vlm_long on an accelerator"}
+FIVE_SEEDS = ("baseline", "lngram_r16", "engram")
+ARMS = {
+    "bytes": ("baseline", "dense_active", "lngram_r16", "lngram_r64", "lngram_r16_mem128",
+              "lngram_nosink", "lngram_ste", "lngram_r16_frozen", "lngram_v1",
+              "lngram_v1_paper", "pkm", "engram", "sparse_ffn"),
+    "tokens": ("baseline", "dense_active", "lngram_r16", "lngram_r64", "lngram_v1",
+               "lngram_v1_paper", "pkm", "engram", "sparse_ffn"),
+}
+INSERTION_ARMS = ("continued_low", "inserted_low", "continued_full", "inserted_full")
+TOKEN_VOCAB = 4096
+TOKEN_VAL_FRACTION = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  experiment: str
-  name: str
-  config: str                  # file[:arg] under experiments/configs
+  experiment: str              # the setting: "bytes" or "tokens"
+  name: str                    # the arm
+  config: str                  # file:arg under experiments/configs
   seed: int = 0
   overrides: tuple[str, ...] = ()
-  after: str | None = None     # a run (experiment/name_sS) that must finish first
-  same_as: str | None = None   # a run of another experiment with the same config and seed:
-                               # this one reads that run's directory instead of training
+  after: str | None = None     # a run (setting/name_sS) that must finish first
+  same_as: str | None = None   # a run with the same config and seed whose directory
+                               # this one reads instead of training (none in this design)
+  steps: int = STEPS
+
+  @property
+  def setting(self) -> str:
+    return self.experiment
 
   @property
   def workdir(self) -> Path:
@@ -62,53 +117,121 @@ class Run:
   def key(self) -> str:
     return f"{self.experiment}/{self.name}_s{self.seed}"
 
-  def command(self) -> list[str]:
-    return ["lngram-exp", "train", f"--config={CONFIGS}/{self.config}",
-            f"--workdir={self.workdir}", f"--config.train.seed={self.seed}",
-            f"--config.data.seed={self.seed}", "--config.train.progress=False",
-            *self.overrides]
+  def command(self, root: Path | None = None, smoke: bool = False) -> list[str]:
+    root = Path(ROOT if root is None else root)
+    config = self.config + (("," if ":" in self.config else ":") + "smoke" if smoke else "")
+    extra = [f"--config.data.path={token_data(root)}"] if self.experiment == "tokens" else []
+    overrides = [o.replace("{root}", str(root)) for o in self.overrides]
+    if smoke:   # the smoke configs' 4 steps; the insertion continues for 4 more
+      overrides = [o for o in overrides if not o.startswith(("--config.train.steps=",
+                                                               "--config.train.ckpt_every=",
+                                                               "--config.train.eval_every="))]
+    return ["lngram-exp", "train", f"--config={CONFIGS}/{config}",
+            f"--workdir={run_dir(self, root)}", f"--config.train.seed={self.seed}",
+            f"--config.data.seed={self.data_seed}", "--config.train.progress=False",
+            *extra, *overrides]
+
+  @property
+  def data_seed(self) -> int:
+    # The continuation reads another stream than the one its baseline read (seed k + 1000),
+    # the same for the four insertion arms of seed k: they stay paired.
+    return self.seed + (1000 if self.name in INSERTION_ARMS else 0)
 
 
-def _seeds(experiment, name, config, seeds, *overrides, same_as=None):
-  """One run per seed; `same_as="main/lngram_r16"` shares that arm's runs of equal seed."""
-  return [Run(experiment, name, config, s, tuple(overrides),
-              same_as=f"{same_as}_s{s}" if same_as else None) for s in seeds]
+@dataclasses.dataclass(frozen=True)
+class Prep:
+  """A preparation step of a setting: its command and the file that marks it done."""
+
+  key: str
+  command: tuple[str, ...]
+  marker: str
+
+
+def token_root(root: Path) -> Path:
+  return Path(root) / "tokens"
+
+
+def token_data(root: Path) -> Path:
+  return token_root(root) / "data"
+
+
+def preps(root: Path | None = None, smoke: bool = False) -> list[Prep]:
+  """The token setting's data: the byte corpus's files copied (so prepare-data reads the
+  same files), a BPE trained on their training split, the shards."""
+  root = Path(ROOT if root is None else root)
+  t = token_root(root)
+  vocab = 320 if smoke else TOKEN_VOCAB
+  val = 0.3 if smoke else TOKEN_VAL_FRACTION   # a few files must still hold validation
+  py = "python"   # shown as is; `run` substitutes this interpreter
+  corpus = [py, "-m", "experiments.reproduce", "export-corpus", f"--out={t / 'corpus'}"]
+  if smoke:
+    corpus.append("--max_files=24")
+  return [
+      Prep("tokens/corpus", tuple(corpus), str(t / "corpus" / ".done")),
+      Prep("tokens/tokenizer", (py, "-m", "experiments", "train-tokenizer",
+                                f"--input={t / 'corpus'}", f"--vocab_size={vocab}",
+                                f"--val_fraction={val}", f"--out={t / 'tok'}"),
+           str(t / "tok" / "tokenizer.json")),
+      Prep("tokens/data", (py, "-m", "experiments", "prepare-data", f"--input={t / 'corpus'}",
+                           f"--tokenizer={t / 'tok'}", f"--out={token_data(root)}",
+                           f"--val_fraction={val}", "--workers=1"),
+           str(token_data(root) / "manifest.json")),
+  ]
+
+
+def export_corpus(out: Path, max_files: int = 0) -> int:
+  """Copies the embedded byte corpus's files (both splits, relative paths kept) to `out`:
+  the token setting tokenizes exactly the bytes the byte setting reads."""
+  from experiments.data.corpus import CorpusSpec, corpus_root, list_files
+
+  spec = CorpusSpec()
+  source = corpus_root(spec)
+  files = list_files(spec)
+  if max_files:
+    files = files[:max_files]
+  out = Path(out)
+  for rel in files:
+    target = out / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source / rel, target)
+  (out / ".done").write_text(f"{len(files)} files\n")
+  print(f"done: {len(files)} files of the embedded corpus in {out}")
+  return 0
+
+
+def _seeds(setting: str, arm: str) -> tuple[int, ...]:
+  return tuple(range(5 if arm in FIVE_SEEDS else 3))
 
 
 def plan() -> list[Run]:
   runs = []
-  for name, config in (("baseline", "lm_baseline.py"), ("lngram_r16", "lm_lngram.py:r16"),
-                       ("lngram_r64", "lm_lngram.py:r64"), ("lngram_v1", "lm_lngram_v1.py"),
-                       ("pkm", "lm_pkm.py"), ("engram", "lm_engram.py"),
-                       ("sparse_ffn", "lm_sparse_ffn.py:matched-to=r16")):
-    runs += _seeds("main", name, config, (0, 1, 2))
-  # Runs whose config equals a main arm's (the default Lngram is r16, one-bit, KV 2, with
-  # the sink) read that arm's directories: the same command would train the same model.
-  r16, r64 = "main/lngram_r16", "main/lngram_r64"
-  runs += _seeds("surrogate", "onebit", "lm_lngram.py:onebit", (0, 1), same_as=r16)
-  for surrogate, seeds in (("ste", (0, 1)), ("exact", (0,)), ("none", (0,))):
-    runs += _seeds("surrogate", surrogate, f"lm_lngram.py:{surrogate}", seeds)
-  runs += _seeds("sink", "sink", "lm_lngram.py", (0, 1, 2), same_as=r16)
-  runs += _seeds("sink", "nosink", "lm_lngram.py:nosink", (0, 1, 2))
-  # Equal tables at d = 128: r64 with 32-wide entries vs r16 with 128-wide ones, 8.91M
-  # table parameters per layer each (totals 8.99M vs 9.18M; active 79k vs 275k), the
-  # paper's r64/m4/KV8 vs r23/m4/KV8/mem256 contrast scaled down.
-  runs += _seeds("routes", "r64_mem32", "lm_lngram.py:r64", (0,), same_as=r64)
-  runs += _seeds("routes", "r16_mem128", "lm_lngram.py:r16,mem128", (0,))
-  for kv in (1, 2, 4):
-    runs += _seeds("routes", f"r16_kv{kv}", f"lm_lngram.py:r16,kv{kv}", (0,),
-                   same_as=r16 if kv == 2 else None)
-  # Insertion: the baseline trained 300 steps, then Lngram for the remaining 300 from
-  # its checkpoint, against Lngram from step 0 for 600 (the main runs).
-  base300 = Run("insertion", "baseline_300", "lm_baseline.py", 0,
-                ("--config.train.steps=300", "--config.train.ckpt_every=100",
-                 "--config.train.eval_every=100"))
-  runs.append(base300)
-  runs.append(Run("insertion", "inserted_300", "lm_lngram.py", 0,
-                  (f"--config.init_from={base300.workdir}", "--config.train.steps=300",
-                   "--config.train.ckpt_every=100", "--config.train.eval_every=100"),
-                  after=base300.key))
-  runs += _seeds("insertion", "from_step_0", "lm_lngram.py", (0,), same_as=r16)
+  for setting in SETTINGS:
+    for arm in ARMS[setting]:
+      runs += [Run(setting, arm, f"{CONFIG}:{setting},{arm}", s) for s in _seeds(setting, arm)]
+  # Insertion from the final (mature) baselines: 300 more steps, a fresh schedule.
+  for seed in range(3):
+    base = f"bytes/baseline_s{seed}"
+    start = (f"--config.init_from={{root}}/{base}", f"--config.train.steps={INSERT_STEPS}",
+             "--config.train.ckpt_every=100", "--config.train.eval_every=100")
+    for name, arm in (("continued_low", "baseline,insert_low"),
+                      ("inserted_low", "lngram_r16,insert_low"),
+                      ("continued_full", "baseline"), ("inserted_full", "lngram_r16")):
+      runs.append(Run("bytes", name, f"{CONFIG}:bytes,{arm}", seed, start,
+                      after=base, steps=INSERT_STEPS))
+  return runs + vlm_plan()
+
+
+def vlm_plan() -> list[Run]:
+  """PVM's long-answer rerun: one stage-0 base per seed, then each Stage I arm from it."""
+  runs = [Run(VLM, "base", "vlm_long_base.py" + (f":s{s}" if s else ""), s) for s in VLM_SEEDS]
+  for seed in VLM_SEEDS:
+    base = f"{VLM}/base_s{seed}"
+    start = (f"--config.vlm.stage.init_from={{root}}/{base}",
+             f"--config.vlm.scenes.data_dir={{root}}/{base}/data")
+    for name, arg in VLM_ARMS:
+      args = ",".join(filter(None, (arg, f"s{seed}" if seed else "")))
+      runs.append(Run(VLM, name, "vlm_long_sft.py" + (f":{args}" if args else ""), seed,
+                      start, after=base))
   return runs
 
 
@@ -118,8 +241,35 @@ def run_dir(run: Run, root: Path | None = None) -> Path:
   return Path(ROOT if root is None else root) / run.workdir.relative_to(ROOT)
 
 
+SMOKE_STEPS = 4   # base.smoke's train.steps, which every smoke run (and continuation) trains
+
+
+def stamp(run: Run, smoke: bool = False) -> dict:
+  return {"design": DESIGN, "key": run.key, "config": run.config, "seed": run.seed,
+          "steps": SMOKE_STEPS if smoke else steps(run)}
+
+
+def stamped_steps(run: Run, root: Path | None = None) -> int:
+  """The steps the run's stamp says it trains (a smoke queue's 4), else `steps(run)`."""
+  try:
+    return int(json.loads((run_dir(run, root) / STAMP).read_text()).get("steps", steps(run)))
+  except (OSError, ValueError):
+    return steps(run)
+
+
+def stale(run: Run, root: Path | None = None) -> bool:
+  """The directory exists with training output but not this design's stamp."""
+  workdir = run_dir(run, root)
+  if not (workdir / "metrics.jsonl").exists() and not (workdir / "checkpoints").exists():
+    return False
+  try:
+    return json.loads((workdir / STAMP).read_text()).get("design") != DESIGN
+  except (OSError, ValueError):
+    return True
+
+
 def final_eval(rows: list[dict], steps: int) -> float | None:
-  """Validation bits per byte of the metrics row at step `steps`, if the run got there."""
+  """Validation bits per unit of the metrics row at step `steps`, if the run got there."""
   for row in rows:
     if row.get("step") == steps and "eval/bits_per_byte" in row:
       return float(row["eval/bits_per_byte"])
@@ -127,8 +277,23 @@ def final_eval(rows: list[dict], steps: int) -> float | None:
 
 
 def final_bits_per_byte(run: Run, root: Path | None = None) -> float | None:
-  """Validation bits per byte of the run's final evaluation; None until it is written."""
-  return final_eval(read_metrics(run_dir(run, root)), steps(run))
+  """Validation bits per unit of the run's final evaluation; None until it is written
+  (or when the directory is stale)."""
+  if stale(run, root):
+    return None
+  return final_eval(read_metrics(run_dir(run, root)), stamped_steps(run, root))
+
+
+def finished(run: Run, root: Path | None = None) -> bool:
+  """The final evaluation's metrics row exists (the loop writes it last), not stale; a
+  VLM run's `metrics.json` (its stage's final evaluation, written after training)."""
+  if run.experiment == VLM:
+    return not stale(run, root) and (run_dir(run, root) / "metrics.json").exists()
+  return final_bits_per_byte(run, root) is not None
+
+
+def steps(run: Run) -> int:
+  return run.steps
 
 
 def step_offset(run: Run, by_key: dict[str, Run] | None = None) -> int:
@@ -140,77 +305,61 @@ def step_offset(run: Run, by_key: dict[str, Run] | None = None) -> int:
   return steps(by_key[run.after])
 
 
-def finished(run: Run, root: Path | None = None) -> bool:
-  """A summary row of the run's final evaluation exists (the loop writes it last)."""
-  return final_bits_per_byte(run, root) is not None
-
-
-def steps(run: Run) -> int:
-  """The training steps of a run: its `--config.train.steps=` override, else the configs' 600."""
-  for o in run.overrides:
-    if o.startswith("--config.train.steps="):
-      return int(o.split("=", 1)[1])
-  return 600
-
-
 # The analyses of `lngram-exp analyze` on an LM run (experiments.analysis.run.LM_ANALYSES).
 ANALYSES = ("utilisation", "id_knn", "associations", "distributed", "stability", "injection")
-BEST_ARMS = ("lngram_r16", "lngram_r64")          # of `main`: the Lngram v2 arms
-INSERTION_PAIR = ("insertion/inserted_300_s0", "main/lngram_r16_s0")   # inserted, from step 0
+RECORD_ANALYSES = ANALYSES[:4]
+ID_ARMS = ("lngram_r16", "lngram_r64", "lngram_r16_frozen")   # every finished seed
+ID_SETTING = "bytes"          # `analyze` reads byte-level runs
+MAX_POSITIONS = 20000         # enough positions for the stratum x byte permutation cells
+INSERTION_PAIR = ("bytes/inserted_low_s0", "bytes/lngram_r16_s0")   # inserted, from step 0
 INSERTION_ANALYSES = ("stability", "injection")   # App. B.2 and B.3
-# The inserted run keeps its own steps 100, 200, 300 (backbone steps 400, 500, 600); its
-# stability is measured over own 100 -> 300 = backbone 400 -> 600, the same 200-step
-# interval as the from-scratch run's last one (400 -> 600).
-STABILITY_STEPS = {"insertion/inserted_300_s0": (100, 300)}
-
-
-def best_lngram_run(root: Path | None = None,
-                    runs: list[Run] | None = None) -> tuple[Run, float] | None:
-  """(run, final bits/byte) of the finished Lngram v2 run of `main` with the lowest final
-  validation bits per byte, or None while none has finished."""
-  scored = [(final_bits_per_byte(r, root), r) for r in (runs or plan())
-            if r.experiment == "main" and r.name in BEST_ARMS]
-  scored = [(v, r) for v, r in scored if v is not None]
-  if not scored:
-    return None
-  value, run = min(scored, key=lambda vr: (vr[0], vr[1].key))
-  return run, value
+# The inserted run keeps its own steps 100, 200, 300 (model steps 700 ... 900); stability
+# over own 100 -> 300 is a 200-step interval like the from-scratch run's last (400 -> 600).
+STABILITY_STEPS = {"bytes/inserted_low_s0": (100, 300)}
 
 
 def analysis_path(run: Run, name: str, root: Path | None = None) -> Path:
   return run_dir(run, root) / "analysis" / f"{name}.json"
 
 
+def _record_protocol() -> int:
+  from experiments.analysis.run import RECORD_PROTOCOL
+  return RECORD_PROTOCOL
+
+
 def analysis_written(run: Run, name: str, root: Path | None = None) -> bool:
-  """The analysis JSON exists and was computed from the run's final checkpoint (its
-  `source` step; a file without `source`, from before results recorded it, counts)."""
+  """The analysis JSON exists, was computed from the run's final checkpoint (its `source`
+  step; a file without `source` counts) and, for a record analysis, under the current
+  record protocol (absent: version 1)."""
   try:
     result = json.loads(analysis_path(run, name, root).read_text())
   except (OSError, ValueError):
     return False
-  source = result.get("source") if isinstance(result, dict) else None
-  return source is None or source.get("step") == steps(run)
+  if not isinstance(result, dict):
+    return False
+  source = result.get("source")
+  if source is not None and source.get("step") != steps(run):
+    return False
+  if name in RECORD_ANALYSES:
+    version = (result.get("protocol") or {}).get("version", 1)
+    return version >= _record_protocol()
+  return True
 
 
 def analysis_jobs(root: Path | None = None, force: bool = False):
-  """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)].
-
-  The best Lngram v2 run gets every analysis, each run of the insertion pair stability
-  and injection (one command per run directory); a run not finished is skipped, and so
-  is an analysis already written from the final checkpoint (`analysis_written`) unless
-  `force`."""
+  """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)]."""
   runs = plan()
   by_key = {r.key: r for r in runs}
   wanted: dict[str, tuple[list[str], list[str]]] = {}   # key -> (analyses, reasons)
   skipped: list[tuple[str, str]] = []
-  best = best_lngram_run(root, runs)
-  if best is None:
-    skipped.append(("main/" + "|".join(BEST_ARMS), "no Lngram v2 run of main has finished"))
-  else:
-    run, value = best
-    wanted[run.key] = (list(ANALYSES), [f"best Lngram v2 run, {value:.4f} bits/byte"])
-  for key, role in zip(INSERTION_PAIR, ("inserted at step 300", "Lngram from step 0"),
-                       strict=True):
+  for run in runs:
+    if run.experiment != ID_SETTING or run.name not in ID_ARMS:
+      continue
+    if not finished(run, root):
+      skipped.append((run.key, "not finished"))
+      continue
+    wanted[run.key] = (list(RECORD_ANALYSES), [f"every seed of {run.name}"])
+  for key, role in zip(INSERTION_PAIR, ("inserted", "Lngram from step 0"), strict=True):
     if not finished(by_key[key], root):
       skipped.append((key, f"{role}: not finished"))
       continue
@@ -220,8 +369,7 @@ def analysis_jobs(root: Path | None = None, force: bool = False):
   jobs = []
   for key, (names, reasons) in wanted.items():
     run = by_key[key]
-    todo = [n for n in ANALYSES if n in names
-            and (force or not analysis_written(run, n, root))]
+    todo = [n for n in ANALYSES if n in names and (force or not analysis_written(run, n, root))]
     done = [n for n in ANALYSES if n in names and n not in todo]
     if done:
       skipped.append((key, f"already written: {','.join(done)} (--force redoes them)"))
@@ -233,6 +381,8 @@ def analysis_jobs(root: Path | None = None, force: bool = False):
 def analyze_command(run: Run, names, root: Path | None = None) -> list[str]:
   command = ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
              f"--which={','.join(names)}", f"--step={steps(run)}"]
+  if any(n in RECORD_ANALYSES for n in names):
+    command.append(f"--max_positions={MAX_POSITIONS}")
   if "stability" in names and run.key in STABILITY_STEPS:
     command.append(f"--stability_steps={','.join(map(str, STABILITY_STEPS[run.key]))}")
   return command
@@ -244,16 +394,18 @@ def select(runs, only: str | None):
   wanted = set(only.split(","))
   unknown = wanted - {r.experiment for r in runs}
   if unknown:
-    raise SystemExit(f"error: unknown experiments {sorted(unknown)}")
+    raise SystemExit(f"error: unknown settings {sorted(unknown)}; use {', '.join(EXPERIMENTS)}")
   return [r for r in runs if r.experiment in wanted]
 
 
 def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
-  """The runs to train for `runs`, seed 0 of every experiment first, then seed 1, then 2,
-  so that a cut queue leaves every experiment with some result. A shared run is trained
-  once, under its own name (also when only the experiment that shares it is selected)."""
+  """The runs to train for `runs`, seed 0 of every arm first, then seed 1, ..., so that a
+  cut queue leaves every arm with some result and the first pairs complete early; the
+  GPU-scale experiments after the rest; within a seed, a run that starts from another
+  (insertion, Stage I) after the runs that start from scratch."""
   order, seen = [], set()
-  for run in sorted(runs, key=lambda r: r.seed):
+  for run in sorted(runs, key=lambda r: (r.experiment in GPU_SCALE, r.seed,
+                                      r.after is not None)):
     target = by_key[run.same_as] if run.same_as else run
     if target.key not in seen:
       seen.add(target.key)
@@ -261,44 +413,107 @@ def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
   return order
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("action", choices=("list", "run", "analyze"))
-  parser.add_argument("--only", default=None, help="comma-separated experiments")
-  parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
-  parser.add_argument("--force", action="store_true", help="analyze: redo written analyses")
-  parser.add_argument("--dry_run", action="store_true", help="analyze: print, do not run")
-  ns = parser.parse_args(argv)
-  if ns.action == "analyze":
-    return analyze(force=ns.force, dry_run=ns.dry_run)
-  runs = select(plan(), ns.only)
-  if ns.action == "list":
-    for run in runs:
-      shared = f"   (= {run.same_as})" if run.same_as else ""
-      print(("done  " if finished(run) else "todo  ") + " ".join(run.command()) + shared)
-    return 0
+def _shard(spec: str | None) -> tuple[int, int]:
+  if not spec:
+    return 0, 1
+  try:
+    i, k = (int(x) for x in spec.split("/"))
+  except ValueError:
+    raise SystemExit(f"error: --shard={spec!r} must be I/K with 0 <= I < K") from None
+  if not 0 <= i < k:
+    raise SystemExit(f"error: --shard={spec!r} must be I/K with 0 <= I < K")
+  return i, k
+
+
+def status(run: Run, root: Path) -> str:
+  if stale(run, root):
+    return "stale"
+  if finished(run, root):
+    return "done"
+  return "part" if (run_dir(run, root) / "metrics.jsonl").exists() else "todo"
+
+
+def _call(command, log_path: Path) -> int:
+  log_path.parent.mkdir(parents=True, exist_ok=True)
+  with open(log_path, "a") as log:
+    return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
+              max_runs: int | None = None, shard: tuple[int, int] = (0, 1)) -> int:
   by_key = {r.key: r for r in plan()}
-  done = {r.key for r in by_key.values() if finished(r)}
+  if any(r.experiment == "tokens" for r in runs):
+    for prep in preps(root, smoke):
+      if Path(prep.marker).exists():
+        continue
+      print(f"prepare {prep.key}: {' '.join(prep.command)}", flush=True)
+      code = _call([sys.executable, *prep.command[1:]],
+                   token_root(root) / f"{prep.key.split('/')[1]}.log")
+      if code != 0:
+        print(f"prepare {prep.key} exited {code}; see its log", flush=True)
+        return code
+  done = {r.key for r in by_key.values() if finished(r, root)}
   started = 0
-  for run in training_order(runs, by_key):
-    if run.key in done:
+  i, k = shard
+  for n, run in enumerate(training_order(runs, by_key)):
+    if n % k != i or run.key in done:
+      continue
+    if stale(run, root):
+      print(f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
+            "an older design's run); move it away to train this run", flush=True)
       continue
     if run.after is not None and run.after not in done:
       print(f"skip {run.key}: waits for {run.after}", flush=True)
       continue
-    if ns.max_runs is not None and started >= ns.max_runs:
+    if max_runs is not None and started >= max_runs:
       break
     started += 1
-    run.workdir.parent.mkdir(parents=True, exist_ok=True)
-    print(f"run {run.key}: {' '.join(run.command())}", flush=True)
-    with open(run.workdir.parent / f"{run.workdir.name}.log", "a") as log:
-      code = subprocess.call([sys.executable, "-m", "experiments", *run.command()[1:]],
-                             stdout=log, stderr=subprocess.STDOUT)
+    workdir = run_dir(run, root)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / STAMP).write_text(json.dumps(stamp(run, smoke)) + "\n")
+    command = run.command(root, smoke)
+    print(f"run {run.key}: {' '.join(command)}", flush=True)
+    code = _call([sys.executable, "-m", "experiments", *command[1:]],
+                 workdir.parent / f"{workdir.name}.log")
     if code != 0:
       print(f"run {run.key} exited {code}; see its log", flush=True)
       return code
     done.add(run.key)
   return 0
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("action", choices=("list", "run", "analyze", "export-corpus"))
+  parser.add_argument("--only", default=None, help="comma-separated settings")
+  parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
+  parser.add_argument("--shard", default=None, help="run: I/K, every K-th run from the I-th")
+  parser.add_argument("--smoke", action="store_true", help="the smoke sizes, under --root")
+  parser.add_argument("--root", default=None, help="default runs/repro (smoke: runs/repro_smoke)")
+  parser.add_argument("--force", action="store_true", help="analyze: redo written analyses")
+  parser.add_argument("--dry_run", action="store_true", help="analyze: print, do not run")
+  parser.add_argument("--out", default=None, help="export-corpus: the folder")
+  parser.add_argument("--max_files", type=int, default=0, help="export-corpus: only the first")
+  ns = parser.parse_args(argv)
+  if ns.action == "export-corpus":
+    if not ns.out:
+      raise SystemExit("error: export-corpus needs --out")
+    return export_corpus(Path(ns.out), ns.max_files)
+  if ns.action == "analyze":
+    return analyze(force=ns.force, dry_run=ns.dry_run)
+  root = Path(ns.root) if ns.root else (SMOKE_ROOT if ns.smoke else ROOT)
+  runs = select(plan(), ns.only)
+  if ns.action == "list":
+    if any(r.experiment == "tokens" for r in runs):
+      for prep in preps(root, ns.smoke):
+        print(("done  " if Path(prep.marker).exists() else "todo  ") + " ".join(prep.command))
+    for experiment in dict.fromkeys(r.experiment for r in runs):
+      if experiment in GPU_SCALE:
+        print(f"note  {experiment}: {GPU_SCALE[experiment]}")
+    for run in runs:
+      print(f"{status(run, root):6s}" + " ".join(run.command(root, ns.smoke)))
+    return 0
+  return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard))
 
 
 def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None) -> int:
@@ -307,7 +522,7 @@ def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None
   jobs, skipped = analysis_jobs(root, force)
   for key, why in skipped:
     print(f"skip {key}: {why}", flush=True)
-  status = 0
+  status_ = 0
   for run, names, why in jobs:
     command = analyze_command(run, names, root)
     print(f"analyze {run.key} ({why}): {' '.join(command)}", flush=True)
@@ -320,8 +535,8 @@ def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None
                              stdout=log, stderr=subprocess.STDOUT)
     if code != 0:
       print(f"analyze {run.key} exited {code}; see {out / 'analyze.log'}", flush=True)
-      status = status or code
-  return status
+      status_ = status_ or code
+  return status_
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """What the Lngram reproduction runs have written, read back for the report.
 
 `collect(root)` gathers, for every run of `experiments.reproduce.plan()` that has
-written metrics, its final validation bits per byte, its validation curve, its
-median training tokens/s and where its numbers come from (corpus hash, wall
-time); `finals` and `mean_std` summarise an arm's seeds; `read_analysis` reads one
+written metrics (and is not stale: a directory of an older queue design is never
+mixed in), its final validation bits per unit (from its per-document evaluation,
+`eval_per_doc.json`, when written at the final step, else its metrics), the
+per-document sums, its validation curve, its median training tokens/s and where
+its numbers come from (corpus hash, wall time); `finals` and `mean_std` summarise
+an arm's seeds; `read_analysis` reads one
 `<run>/analysis/<name>.json` that `lngram-exp analyze` wrote. `experiments.report`
 (the tables) and `experiments.report_analyses` (the analysis sections) both read
 runs through this module, so neither imports the other's internals. (The plots the
@@ -19,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from experiments import reproduce
+from experiments.data.validation import read_per_doc
 from experiments.trainer.writers import read_metrics
 
 
@@ -46,21 +50,29 @@ def run_provenance(workdir: Path) -> dict:
 
 
 def collect(root: Path) -> dict:
-  """{experiment: {name: {"config", "seeds": {seed: {"final", "curve", "tok_s", "corpus",
-  "wall_s"}}}}} of the runs under `root` that have written metrics."""
+  """{experiment: {name: {"config", "seeds": {seed: {"final", "per_doc", "curve", "tok_s",
+  "corpus", "wall_s"}}}}} of the runs under `root` that have written metrics; "per_doc" is
+  the final evaluation per validation document (experiments/data/validation.py) or None."""
   out: dict = defaultdict(dict)
   runs = reproduce.plan()
   by_key = {r.key: r for r in runs}
   for run in runs:
     workdir = reproduce.run_dir(run, root)
     rows = read_metrics(workdir)
-    if not rows:
+    if not rows or reproduce.stale(run, root):
       continue
     entry = out[run.experiment].setdefault(run.name, {"config": run.config, "seeds": {}})
     # An inserted run's curve continues its backbone's: steps on the model's own clock.
     offset = reproduce.step_offset(run, by_key)
     curve = [(step + offset, value) for step, value in eval_curve(rows)]
-    entry["seeds"][run.seed] = {"final": reproduce.final_eval(rows, reproduce.steps(run)),
+    last = reproduce.stamped_steps(run, root)
+    final = reproduce.final_eval(rows, last)
+    per_doc = read_per_doc(workdir)
+    if per_doc is None or per_doc["step"] != last or final is None:
+      per_doc = None
+    else:   # the same evaluation, summed in float64 per document
+      final = float(per_doc["bits_per_unit"])
+    entry["seeds"][run.seed] = {"final": final, "per_doc": per_doc,
                                 "curve": curve, "tok_s": tokens_per_s(rows),
                                 **run_provenance(workdir)}
   return out

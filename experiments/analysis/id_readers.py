@@ -13,7 +13,15 @@ positions only:
     do, so a harder baseline than a KNN over strata (ties among the whole
     stratum would make that one an arbitrary sample of the same rate);
   * surface: the reference rate of z given (current byte, previous byte),
-    falling back to the current byte, then to the overall rate.
+    falling back to the current byte, then to the overall rate;
+  * surface_byte: the reference rate of z given the current byte alone.
+
+The surface readers say how much of a target the bytes alone give away; on the
+local target (the Python token kind) they can beat every KNN reader, so rho is
+also reported against the best of them, rho_surface = (AP_ID - AP_S) /
+(AP_H - AP_S), beside rho against the nuisance reader. Both come with 95%
+document-bootstrap CIs (`n_boot` resamples of the held-out query FILES, every
+reader's AP recomputed on each resample).
 
 Documents are matched across the splits by file path. AP per concept over
 the queries (a concept counts where the queries hold a positive and a
@@ -23,6 +31,11 @@ signatures are permuted among reference DOCUMENTS within nuisance strata (per
 stratum a bijection that keeps each file's signatures together), the ID reader
 is rerun on `perm_queries` of the queries (`PermutedHammingKnn`: distances
 once, a gather per permutation), p = (1 + #{null >= observed}) / (1 + n_perm).
+`perm_strata="nuisance_byte"` permutes within nuisance stratum x current byte
+instead: the null is then "the codes carry nothing beyond the position and
+the byte itself"; `perm_movable` is the share of reference positions whose
+cell holds two or more files (only those can move: with few reference
+positions per cell the test has little power, and this says how little).
 """
 
 from __future__ import annotations
@@ -33,8 +46,12 @@ import time
 import numpy as np
 
 from experiments.analysis import knn, stats
+from experiments.analysis.rho_bootstrap import bootstrap_rho
 
-READERS = ("H_model", "Q_route", "ID", "nuisance", "surface")
+READERS = ("H_model", "Q_route", "ID", "nuisance", "surface", "surface_byte")
+SURFACE_READERS = ("surface", "surface_byte")   # == rho_bootstrap.SURFACE_READERS
+TABLE_READERS = ("nuisance",) + SURFACE_READERS
+PERM_STRATA = ("nuisance", "nuisance_byte")
 KNN_METRIC = {"H_model": "cosine", "ID": "hamming"}   # Q_route: the `z_metric` argument
 
 # Lngram v2 paper, Table 1 (Keye2B + Lngram v2 on COCO; layers 1 and 13).
@@ -141,6 +158,9 @@ def _table_scores(ref, held, q_idx, reader: str) -> dict[str, np.ndarray]:
     s_ref = np.asarray(ref.surface, np.int64)
     s_q = np.asarray(held.surface, np.int64)[q_idx]
     by_byte = rate_table(s_ref[:, 0], labels_ref, s_q[:, 0], glob)
+    if reader == "surface_byte":
+      out[level] = by_byte
+      continue
     pair = lambda s: s[:, 0] * 512 + (s[:, 1] + 1)   # noqa: E731 (prev byte -1 at file start)
     out[level] = rate_table(pair(s_ref), labels_ref, pair(s_q), by_byte)
   return out
@@ -191,7 +211,7 @@ def knn_scores(idx_QxK: np.ndarray, ref) -> dict[str, np.ndarray]:
 def reader_scores(ref, held, q_idx, layer: int, reader: str, *, k: int = 10,
                   z_metric: str = "cosine") -> dict[str, np.ndarray]:
   """One reader's scores [Q, Z] per target level for the queries `q_idx` of `held`."""
-  if reader in ("nuisance", "surface"):
+  if reader in TABLE_READERS:
     return _table_scores(ref, held, q_idx, reader)
   return knn_scores(knn_indices(ref, held, q_idx, layer, reader, k=k, z_metric=z_metric), ref)
 
@@ -217,6 +237,28 @@ def stratum_document_permutation(strata_P: np.ndarray, docs_P: np.ndarray,
   return src
 
 
+def permutation_strata(records, kind: str = "nuisance") -> np.ndarray:
+  """int64 [P]: the cells the permutation test moves signatures within."""
+  if kind not in PERM_STRATA:
+    raise ValueError(f"perm_strata={kind!r} is not one of {PERM_STRATA}.")
+  strata = np.asarray(records.nuisance, np.int64)
+  if kind == "nuisance_byte":
+    strata = strata * 257 + (np.asarray(records.surface, np.int64)[:, 0] + 1)
+  return strata
+
+
+def movable_share(strata_P: np.ndarray, docs_P: np.ndarray) -> float:
+  """Share of positions whose cell holds two or more documents (the ones a
+  within-cell document permutation can move)."""
+  if len(strata_P) == 0:
+    return float("nan")
+  pairs = np.unique(np.stack([np.asarray(strata_P, np.int64), np.asarray(docs_P, np.int64)]),
+                    axis=1)
+  cells, n_docs = np.unique(pairs[0], return_counts=True)
+  many = cells[n_docs >= 2]
+  return float(np.isin(strata_P, many).mean())
+
+
 def level_means(scores: dict[str, np.ndarray], labels: dict) -> dict[str, float]:
   """level -> mean AP of `scores[level]` against `labels[level]` (names, bool [Q, Z])."""
   return {level: mean_ap(scores[level], labels[level][1]) for level in labels}
@@ -224,7 +266,8 @@ def level_means(scores: dict[str, np.ndarray], labels: dict) -> dict[str, float]
 
 def id_knn(ref, held, *, k: int = 10, max_queries: int | None = 2000, n_perm: int = 500,
            perm_queries: int | None = 500, z_metric: str = "cosine", seed: int = 0,
-           layers=None, progress: bool = True) -> dict:
+           layers=None, progress: bool = True, perm_strata: str = "nuisance",
+           n_boot: int = 0) -> dict:
   """Table 1: mean AP of every reader per layer and target level, rho, and the permutation test.
 
   Parameters
@@ -237,7 +280,10 @@ def id_knn(ref, held, *, k: int = 10, max_queries: int | None = 2000, n_perm: in
     (None: all); every permutation is a full ID search, so this sets its cost.
     Its observed statistic is the ID reader's mean AP on these queries.
   z_metric : the Q_route reader's metric on the router logits ("cosine" or "euclidean").
+  perm_strata : the permutation test's cells, one of `PERM_STRATA`.
+  n_boot : query-document bootstrap resamples of the rho CIs (0: none).
   """
+  ref_strata = permutation_strata(ref, perm_strata)   # the kind checked before any search
   t0 = time.time()
   q_idx = sample_queries(held, max_queries, seed)
   labels = level_labels(held, q_idx)
@@ -248,39 +294,54 @@ def id_knn(ref, held, *, k: int = 10, max_queries: int | None = 2000, n_perm: in
       "n_reference_files": int(len(np.unique(ref.file_ids))), "n_perm": n_perm,
       "perm_queries": int(len(q_idx) if perm_queries is None else min(perm_queries, len(q_idx))),
       "z_metric": z_metric, "seed": seed, "max_queries": max_queries,
+      "perm_strata": perm_strata, "n_boot": n_boot,
+      "perm_movable": movable_share(ref_strata, ref.file_ids),
+      "query_file_max_share": float(np.bincount(np.asarray(held.file_ids)[q_idx]).max()
+                                    / len(q_idx)) if len(q_idx) else None,
       "levels": {level: {"concepts": names,
                          "evaluated": [n for n, ok in zip(names, evaluable(lab), strict=True) if ok]}
                  for level, (names, lab) in labels.items()},
       "layers": {},
   }
-  table = {r: level_means(_table_scores(ref, held, q_idx, r), labels)
-           for r in ("nuisance", "surface")}
+  table_scores = {r: _table_scores(ref, held, q_idx, r) for r in TABLE_READERS}
+  table = {r: level_means(table_scores[r], labels) for r in TABLE_READERS}
   _log(progress, f"{len(q_idx)} queries, {len(ref.file_ids)} reference positions")
   for layer in layers:
     ap = dict(table)
     per_concept = {}
+    all_scores = dict(table_scores)
     for reader in ("H_model", "Q_route", "ID"):
       scores = reader_scores(ref, held, q_idx, layer, reader, k=k, z_metric=z_metric)
+      all_scores[reader] = scores
       ap[reader] = level_means(scores, labels)
       per_concept[reader] = {}
       for level, (names, lab) in labels.items():
         aps = jsonable(ap_per_concept(scores[level], lab))
         per_concept[reader][level] = dict(zip(names, aps, strict=True))
       _log(progress, f"layer {layer}: {reader} done ({time.time() - t0:.0f}s)")
+    best_surface = {lv: max(SURFACE_READERS, key=lambda r: -np.inf if not np.isfinite(
+        ap[r][lv]) else ap[r][lv]) for lv in labels}
     row = {
         "ap": ap, "ap_per_concept": per_concept,
         "rho": {lv: rho(ap["ID"][lv], ap["H_model"][lv], ap["nuisance"][lv]) for lv in labels},
+        "best_surface": best_surface,
+        "rho_surface": {lv: rho(ap["ID"][lv], ap["H_model"][lv], ap[best_surface[lv]][lv])
+                        for lv in labels},
         "rho_q_route": {lv: rho(ap["Q_route"][lv], ap["H_model"][lv], ap["nuisance"][lv])
                         for lv in labels},
         "ordering": {lv: bool(ap["H_model"][lv] > ap["Q_route"][lv] > ap["ID"][lv]
                               > ap["nuisance"][lv]) for lv in labels},
     }
+    if n_boot > 0:
+      row["bootstrap"] = bootstrap_rho(all_scores, labels, np.asarray(held.file_ids)[q_idx],
+                                       n_boot=n_boot, seed=seed)
+      _log(progress, f"layer {layer}: {n_boot} bootstrap resamples ({time.time() - t0:.0f}s)")
     if n_perm > 0:
       sub = np.sort(np.random.default_rng([seed, 2]).permutation(len(q_idx))[
           :result["perm_queries"]])
       row["permutation"] = _permutation_test(
           ref, held, q_idx[sub], layer, {lv: (n, lab[sub]) for lv, (n, lab) in labels.items()},
-          k=k, n_perm=n_perm, seed=seed, progress=progress, t0=t0)
+          k=k, n_perm=n_perm, seed=seed, progress=progress, t0=t0, strata=ref_strata)
     result["layers"][str(layer)] = jsonable(row)
   result["seconds"] = round(time.time() - t0, 2)
   return result
@@ -333,7 +394,7 @@ class PermutedHammingKnn:
 
 
 def _permutation_test(ref, held, q_idx, layer, labels, *, k, n_perm, seed, progress,
-                      t0) -> dict:
+                      t0, strata=None) -> dict:
   """The ID reader's mean AP per level, observed and with reference signatures permuted."""
   ref_docs, held_docs = document_ids(ref, held)
   search = PermutedHammingKnn(np.asarray(held.codes[layer])[q_idx], ref.codes[layer],
@@ -342,7 +403,8 @@ def _permutation_test(ref, held, q_idx, layer, labels, *, k, n_perm, seed, progr
   rng = np.random.default_rng([seed, 1])   # the same permutations for every layer
   null = {level: [] for level in labels}
   for i in range(n_perm):
-    src = stratum_document_permutation(ref.nuisance, ref.file_ids, rng)
+    src = stratum_document_permutation(ref.nuisance if strata is None else strata,
+                                       ref.file_ids, rng)
     for level, m in level_means(knn_scores(search(src), ref), labels).items():
       null[level].append(m)
     if progress and (i + 1) % max(1, n_perm // 10) == 0:
@@ -384,25 +446,40 @@ def _fmt(x, pct: bool = False) -> str:
   return f"{100 * x:.2f}%" if pct else f"{x:.4f}"
 
 
+def _with_ci(value, ci) -> str:
+  text = _fmt(value, pct=True)
+  if ci is None or any(c is None for c in ci):
+    return text
+  return f"{text} [{_fmt(ci[0], pct=True)}, {_fmt(ci[1], pct=True)}]"
+
+
 def markdown(result: dict) -> str:
   """Table 1 as Markdown: our rows, then the paper's."""
+  strata = result.get("perm_strata", "nuisance")
+  movable = result.get("perm_movable")
   lines = [
       f"ID-KNN readers (K = {result['k']} distinct files; {result['n_queries']} held-out "
       f"queries from {result['n_query_files']} files, {result['n_reference']} reference "
-      f"positions from {result['n_reference_files']} files; Q_route on {result['z_metric']})",
+      f"positions from {result['n_reference_files']} files; Q_route on {result['z_metric']}; "
+      f"permutations within {strata.replace('_', ' x ')} cells"
+      + ("" if movable is None else f", {100 * movable:.1f}% of reference positions movable")
+      + "; ρ CIs: 95% bootstrap over query files)",
       "",
-      "| layer | target | H_model | Q_route | ID-KNN | nuisance | surface | excess AP retained "
+      "| layer | target | " + " | ".join(READERS) + " | ρ vs nuisance | ρ vs best surface "
       "| H>Q>ID>N | perm. p |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+      "| --- | --- | " + " | ".join("---" for _ in READERS) + " | --- | --- | --- | --- |",
   ]
   for layer, row in result["layers"].items():
     for level in row["rho"]:
       ap = row["ap"]
       perm = row.get("permutation", {}).get(level, {})
       p = perm.get("p")
+      boot = row.get("bootstrap", {}).get(level, {})
       lines.append(
-          f"| {layer} | {level} | " + " | ".join(_fmt(ap[r][level]) for r in READERS)
-          + f" | {_fmt(row['rho'][level], pct=True)} | {'yes' if row['ordering'][level] else 'no'}"
+          f"| {layer} | {level} | " + " | ".join(_fmt(ap.get(r, {}).get(level)) for r in READERS)
+          + f" | {_with_ci(row['rho'][level], boot.get('rho'))}"
+          f" | {_with_ci(row.get('rho_surface', {}).get(level), boot.get('rho_surface'))}"
+          f" | {'yes' if row['ordering'][level] else 'no'}"
           f" | {'—' if p is None else f'{p:.4g}'} |")
   lines += ["", "Paper (Table 1, Keye2B on COCO; p = 1/501 in every setting):", "",
             "| layer | target | H_model | Q_route | ID-KNN | nuisance | excess AP retained |",

@@ -46,7 +46,8 @@ def plot_id_knn(result: dict, ax) -> None:
     for level in row["ap"]["ID"]:
       groups.append(f"L{layer} {level}")
       for r in READERS:
-        series[r].append(row["ap"][r][level])
+        value = row["ap"].get(r, {}).get(level)   # older results lack surface_byte
+        series[r].append(float("nan") if value is None else value)
   _bars(ax, groups, series, "mean AP")
 
 

@@ -93,28 +93,45 @@ class SourceFile(NamedTuple):
 
 
 def split_files(corpus, *, n_reference: int = 256, n_heldout: int | None = None,
-                seed: int = 0) -> tuple[list[SourceFile], list[SourceFile]]:
+                seed: int = 0, dedup: bool = False) -> tuple[list[SourceFile], list[SourceFile]]:
   """(reference, heldout) files of an `experiments.data.Corpus`.
 
   reference: `n_reference` training files drawn with `seed` (path order);
   heldout: the validation files (the corpus splits by path hash), all of them
-  or `n_heldout` drawn with `seed`.
+  or `n_heldout` drawn with `seed`. `dedup`: first remove from both splits
+  every file whose normalised content occurs in the other (`dedup.py`: the
+  codec-table families of the standard library; `removed_duplicates` lists them).
   """
   rng = np.random.default_rng(seed)
+  train = list(zip(corpus.train_paths, corpus.train_docs, strict=True))
+  val = list(zip(corpus.val_paths, corpus.val_docs, strict=True))
+  if dedup:
+    drop_ref, drop_held = removed_duplicates(corpus)
+    train = [(p, d) for p, d in train if str(p) not in drop_ref]
+    val = [(p, d) for p, d in val if str(p) not in drop_held]
 
-  def draw(paths, docs, n):
-    keep = range(len(paths)) if n is None or n >= len(paths) else sorted(
-        rng.choice(len(paths), size=n, replace=False).tolist())
-    return [SourceFile(paths[i], np.asarray(docs[i], np.uint8).tobytes()) for i in keep]
+  def draw(pairs, n):
+    keep = range(len(pairs)) if n is None or n >= len(pairs) else sorted(
+        rng.choice(len(pairs), size=n, replace=False).tolist())
+    return [SourceFile(pairs[i][0], np.asarray(pairs[i][1], np.uint8).tobytes()) for i in keep]
 
-  return (draw(corpus.train_paths, corpus.train_docs, n_reference),
-          draw(corpus.val_paths, corpus.val_docs, n_heldout))
+  return draw(train, n_reference), draw(val, n_heldout)
+
+
+def removed_duplicates(corpus) -> tuple[set, set]:
+  """(training paths, validation paths) that `split_files(dedup=True)` removes."""
+  from experiments.analysis import dedup
+  as_bytes = lambda docs: (np.asarray(d, np.uint8).tobytes() for d in docs)  # noqa: E731
+  return dedup.cross_split_duplicates(
+      zip(corpus.train_paths, as_bytes(corpus.train_docs), strict=True),
+      zip(corpus.val_paths, as_bytes(corpus.val_docs), strict=True))
 
 
 def collect_records(model, files: Sequence, *, split: str, seq_len: int,
                     max_positions: int | None, seed: int, concept_names=None,
                     progress: bool = True, batch_size: int = 16,
-                    n_document_concepts: int = N_DOCUMENT_CONCEPTS) -> PositionRecords:
+                    n_document_concepts: int = N_DOCUMENT_CONCEPTS,
+                    max_per_file: int | None = None) -> PositionRecords:
   """Runs a `DecoderLM` over `files` and records `max_positions` sampled positions.
 
   Args:
@@ -131,6 +148,7 @@ def collect_records(model, files: Sequence, *, split: str, seq_len: int,
       concepts the `n_document_concepts` modules imported by most of `files`.
     progress: print progress lines on stderr.
     batch_size: windows per forward.
+    max_per_file: at most this many positions from one file (`sample_positions`).
   """
   if split not in SPLITS:
     raise ValueError(f"collect_records: split={split!r} is not one of {SPLITS}.")
@@ -149,7 +167,8 @@ def collect_records(model, files: Sequence, *, split: str, seq_len: int,
   if progress:
     print(f"records[{split}]: {len(parsed)} files parsed, {skipped} skipped "
           f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
-  file_ids, offsets = sample_positions([doc.size for _, doc, _ in parsed], max_positions, seed)
+  file_ids, offsets = sample_positions([doc.size for _, doc, _ in parsed], max_positions, seed,
+                                       max_per_file)
   docs = [doc for _, doc, _ in parsed]
   nuisance, surface = position_features(docs, file_ids, offsets, seq_len)
   names = _concept_names(concept_names, [t.imports for _, _, t in parsed], n_document_concepts)
@@ -158,19 +177,38 @@ def collect_records(model, files: Sequence, *, split: str, seq_len: int,
       h={}, z={}, codes={}, bits=_bits(model, layers[0]), nuisance=nuisance, surface=surface,
       targets=_targets([t for _, _, t in parsed], file_ids, offsets, names),
       skipped_files=skipped, offsets=offsets,
-      meta={"seq_len": seq_len, "seed": seed, "max_positions": max_positions})
+      meta={"seq_len": seq_len, "seed": seed, "max_positions": max_positions,
+            **({} if max_per_file is None else {"max_per_file": int(max_per_file)})})
   h, z, codes = _run_windows(model, docs, file_ids, offsets, seq_len=seq_len,
                              batch_size=batch_size, progress=progress, label=split)
   records.h, records.z, records.codes = h, z, codes
   return records
 
 
-def sample_positions(sizes: Sequence[int], max_positions: int | None,
-                     seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """(file_ids, offsets) int32 [P], sorted by file then offset; uniform over bytes."""
+def sample_positions(sizes: Sequence[int], max_positions: int | None, seed: int,
+                     max_per_file: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(file_ids, offsets) int32 [P], sorted by file then offset; uniform over bytes.
+
+  `max_per_file`: no file gives more than this many positions (uniform over the
+  bytes, conditioned on the cap: bytes are taken in a seeded random order and a
+  file's are skipped once it holds the cap), so one large file cannot dominate
+  a split. None: no cap (the sample of earlier analyses, unchanged).
+  """
   ends = np.cumsum(np.asarray(sizes, np.int64))
   total = int(ends[-1]) if ends.size else 0
-  if max_positions is None or max_positions >= total:
+  if max_per_file is not None:
+    if max_per_file < 1:
+      raise ValueError(f"sample_positions: max_per_file={max_per_file} must be >= 1.")
+    order = np.random.default_rng([seed, 3]).permutation(total)
+    file_of = np.searchsorted(ends, order, side="right")
+    # Rank of each drawn byte among the draws of its file, in draw order.
+    by_file = np.argsort(file_of, kind="stable")
+    starts = np.searchsorted(file_of[by_file], np.arange(len(ends)))
+    rank = np.empty(total, np.int64)
+    rank[by_file] = np.arange(total) - starts[file_of[by_file]]
+    kept = order[rank < max_per_file]
+    flat = np.sort(kept if max_positions is None else kept[:max_positions])
+  elif max_positions is None or max_positions >= total:
     flat = np.arange(total, dtype=np.int64)
   else:
     rng = np.random.default_rng(seed)

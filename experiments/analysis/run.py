@@ -40,6 +40,10 @@ log = logging.getLogger("experiments")
 LM_ANALYSES = ("utilisation", "id_knn", "associations", "distributed", "stability",
                "injection")
 RECORD_ANALYSES = ("utilisation", "id_knn", "associations", "distributed")
+# The record analyses' protocol: 2 = near-duplicate files removed from both splits, a
+# per-file cap on positions, permutations within stratum x current byte, rho CIs.
+# Results without it (protocol 1) came from the uncapped, undeduplicated records.
+RECORD_PROTOCOL = 2
 
 
 def run_kind(workdir) -> str:
@@ -80,20 +84,38 @@ def write_result(out_dir, name: str, result: dict, module, source: dict | None =
   return paths
 
 
+def per_file_cap(max_positions: int | None, max_file_share: float | None) -> int | None:
+  """Positions one file may give: `max_file_share` of `max_positions` (at least 1)."""
+  if max_file_share is None or max_positions is None:
+    return None
+  if not 0 < max_file_share <= 1:
+    raise ValueError(f"analyze: max_file_share={max_file_share} must be in (0, 1].")
+  return max(1, int(max_file_share * max_positions))
+
+
 def collect(model, config, *, max_positions: int | None, seed: int, n_reference: int,
-            progress: bool, out_dir=None, source: dict | None = None):
+            progress: bool, out_dir=None, source: dict | None = None, dedup: bool = False,
+            max_file_share: float | None = None):
   """(reference, held-out) PositionRecords of the run's corpus; saved into `out_dir`
-  (atomically, `source` in their meta) when given."""
+  (atomically, `source` in their meta) when given. `dedup`: near-duplicate files
+  removed from both splits (`records.split_files`); `max_file_share`: no file gives
+  more than that share of a split's positions."""
   from experiments.analysis import records
   from experiments.data.corpus import corpus_spec, load_corpus
   corpus = load_corpus(corpus_spec(config))
-  ref_files, held_files = records.split_files(corpus, n_reference=n_reference, seed=seed)
+  ref_files, held_files = records.split_files(corpus, n_reference=n_reference, seed=seed,
+                                              dedup=dedup)
   seq_len = min(int(config.data.seq_len), model.config.max_len)
+  cap = per_file_cap(max_positions, max_file_share)
   ref = records.collect_records(model, ref_files, split="reference", seq_len=seq_len,
-                                max_positions=max_positions, seed=seed, progress=progress)
+                                max_positions=max_positions, seed=seed, progress=progress,
+                                max_per_file=cap)
   held = records.collect_records(model, held_files, split="heldout", seq_len=seq_len,
                                  max_positions=max_positions, seed=seed,
-                                 concept_names=ref.concept_names(), progress=progress)
+                                 concept_names=ref.concept_names(), progress=progress,
+                                 max_per_file=cap)
+  for r in (ref, held):
+    r.meta["dedup"] = bool(dedup)
   if out_dir is not None:
     for r in (ref, held):
       if source is not None:
@@ -106,7 +128,8 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
                max_positions: int | None = 4000, seed: int = 0, n_reference: int = 256,
                max_queries: int | None = 2000, n_perm: int = 500, n_docs: int = 48,
                windows_per_doc: int = 2, n_boot: int = 10_000, stability_steps=None,
-               progress: bool = True) -> dict:
+               progress: bool = True, dedup: bool = True, max_file_share: float | None = 0.05,
+               perm_strata: str = "nuisance_byte", n_rho_boot: int = 500) -> dict:
   """Runs the chosen analyses on an LM run; returns {name: result}, each with `source`.
 
   Parameters
@@ -123,12 +146,20 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
   n_boot : document bootstrap resamples of the stability CIs.
   stability_steps : the kept checkpoints stability compares, in order (default: all kept
     up to the analysed step, adjacent pairs); e.g. (100, 300) for one 200-step interval.
+  dedup : remove near-duplicate files from both splits (experiments/analysis/dedup.py).
+  max_file_share : no file gives more than this share of a split's positions (None: no cap).
+  perm_strata : the permutation test's cells (`id_readers.PERM_STRATA`).
+  n_rho_boot : query-file bootstrap resamples of the rho CIs (0: none).
   """
   which = tuple(dict.fromkeys(which))
   unknown = set(which) - set(LM_ANALYSES)
   if unknown:
     raise ValueError(f"analyze: unknown LM analyses {sorted(unknown)}; "
                      f"choose from {','.join(LM_ANALYSES)}.")
+  from experiments.analysis.id_readers import PERM_STRATA
+  if perm_strata not in PERM_STRATA:   # before anything is restored or collected
+    raise ValueError(f"analyze: perm_strata={perm_strata!r} is not one of {PERM_STRATA}.")
+  per_file_cap(max_positions, max_file_share)
   workdir = Path(workdir).expanduser().absolute()
   if not (workdir / "checkpoints").is_dir():   # before the lock is written into it
     raise FileNotFoundError(f"no checkpoint directory {workdir / 'checkpoints'}.")
@@ -139,11 +170,14 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
     return _analyze_lm(workdir, which, step, max_positions=max_positions, seed=seed,
                        n_reference=n_reference, max_queries=max_queries, n_perm=n_perm,
                        n_docs=n_docs, windows_per_doc=windows_per_doc, n_boot=n_boot,
-                       stability_steps=stability_steps, progress=progress)
+                       stability_steps=stability_steps, progress=progress, dedup=dedup,
+                       max_file_share=max_file_share, perm_strata=perm_strata,
+                       n_rho_boot=n_rho_boot)
 
 
 def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference, max_queries,
-                n_perm, n_docs, windows_per_doc, n_boot, stability_steps, progress) -> dict:
+                n_perm, n_docs, windows_per_doc, n_boot, stability_steps, progress, dedup,
+                max_file_share, perm_strata, n_rho_boot) -> dict:
   from experiments.analysis import (
       associations,
       distributed,
@@ -172,7 +206,7 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
   if set(which) & set(RECORD_ANALYSES):
     ref, held, corpus = collect(model, config, max_positions=max_positions, seed=seed,
                                 n_reference=n_reference, progress=progress, out_dir=out_dir,
-                                source=src)
+                                source=src, dedup=dedup, max_file_share=max_file_share)
     log.info("analyze: records of %d reference / %d held-out positions (%d / %d files "
              "skipped) in %.0fs", ref.num_positions, held.num_positions, ref.skipped_files,
              held.skipped_files, time.time() - t0)
@@ -181,7 +215,9 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
   if "id_knn" in which or "distributed" in which:
     # distributed takes AP_H and AP_N from the id_knn readers on the same queries.
     readers = id_readers.id_knn(ref, held, max_queries=max_queries, seed=seed,
-                                n_perm=n_perm if "id_knn" in which else 0, progress=progress)
+                                n_perm=n_perm if "id_knn" in which else 0, progress=progress,
+                                perm_strata=perm_strata,
+                                n_boot=n_rho_boot if "id_knn" in which else 0)
     if "id_knn" in which:
       results["id_knn"], modules["id_knn"] = readers, id_readers
   if "associations" in which:
@@ -226,7 +262,12 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
     results["injection"] = injection.injection(model, windows, progress=_progress("injection"))
     modules["injection"] = injection
 
+  protocol = {"version": RECORD_PROTOCOL, "dedup": bool(dedup),
+              "max_file_share": max_file_share, "perm_strata": perm_strata,
+              "n_rho_boot": n_rho_boot}
   for name in which:
+    if name in RECORD_ANALYSES:
+      results[name] = {**results[name], "protocol": protocol}
     results[name] = {**results[name], "source": src}
     write_result(out_dir, name, results[name], modules[name], source=src)
   log.info("analyze: wrote %s (.json, .md, .png) into %s in %.0fs", ",".join(which), out_dir,

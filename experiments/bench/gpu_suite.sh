@@ -12,7 +12,9 @@
 #   OUT          where results go (default ./gpu_out): gpu_suite.log (every step's
 #                stdout+stderr behind a header with its command, then its exit code and
 #                wall seconds), suite_summary.json, env.json, kernels_bench.json,
-#                lngram_bench.json, decode_8b.json, decode_wide.json, lm_efficiency.json.
+#                lngram_bench.json, decode_8b.json, decode_wide.json, pvm_cost.json,
+#                lm_efficiency.json,
+#                scale/ (the scale check's curves and scale_check.json, step 9).
 #   PY           the Python to use (default python3).
 #   SKIP_WHEELS  1: do not install the wheels of .whl/ (flax, ml_collections) into
 #                /tmp/site; the GPU machine's Python lacks ml_collections and may
@@ -197,7 +199,19 @@ else
     --prompt 64 --new-tokens 128 --repeats 10 --json "$OUT/decode_wide.json"
 fi
 
-# STEP 6: VLM training (added by the coordinator)
+# --- 5b. PVM decode cost at Qwen3-VL-8B widths with its 151,936-token vocabulary (~90 s) ----
+# experiments/bench/pvm_decode_cost.py: base at depths 18 and 36, PVM (one branch) at 36,
+# projected to 3 branches in 36 layers (paper, one H200: 24.28 -> 25.46 ms/token). Runs on
+# what steps 1-5 leave of BUDGET_S.
+if [ "$SMOKE" = 1 ]; then
+  step pvm-cost 60 "$PY" -m experiments.bench.pvm_decode_cost --widths tiny --dtype float32 \
+    --new-tokens 4 --visual 8 --prompt 8 --repeats 2 --json "$OUT/pvm_cost.json"
+else
+  step pvm-cost 120 "$PY" -m experiments.bench.pvm_decode_cost --widths 8b --depths 18,36 \
+    --new-tokens 64 --repeats 5 --json "$OUT/pvm_cost.json"
+fi
+
+# STEP 6: VLM training (not part of this suite)
 # (Steps 1-5 may use the whole default BUDGET_S; a step added here runs only if the ones
 # above finish early, or with a larger BUDGET_S.)
 
@@ -226,4 +240,34 @@ if [ "$SMOKE" = 1 ]; then
 else
   step lngram-r512 60 "$PY" -m experiments.bench.layer --shape gpu_r512 --repeats 5 \
     --readouts pallas_fused,absorbed --surrogates onebit --json "$OUT/lngram_r512.json"
+fi
+
+# --- 8b. the MoE FFN of the 0.6B recipes (d 768, 8 experts of 1,024, top-2, one shared) ---
+# grouped dispatch (ragged_dot: a grouped GEMM on GPU) and the per-token loop against the
+# dense SwiGLU of equal active parameters (~40 s). Runs on what the steps above leave.
+if [ "$SMOKE" = 1 ]; then
+  step moe-ffn 60 "$PY" -m experiments.bench.moe_efficiency --tokens 256 --d_model 64 \
+    --expert_dim 64 --repeats 1
+else
+  step moe-ffn 60 "$PY" -m experiments.bench.moe_efficiency --tokens 4096 --d_model 768 \
+    --expert_dim 1024 --repeats 5
+fi
+
+# --- 9. scale check: the main arms at d 512 x 8 layers, 16k tokens/step, 1,000 steps -------
+# (experiments/bench/scale_check.py, ~9 min). Needs its own slot: it runs on what the steps
+# above leave of BUDGET_S, with its deadline 20 s inside the step's limit; to run it alone:
+#   SKIP_STEPS="pytest-gpu pytest-kernels kernels-bench lngram-bench decode-8b decode-wide \
+#     lm-efficiency lngram-r512" BUDGET_S=560 OUT=<dir> bash experiments/bench/gpu_suite.sh
+# (or experiments/bench/scale_check.sh). Curves: $OUT/scale/<arm>.jsonl.
+scale_left=$(awk -v b="$BUDGET_S" -v e="$(elapsed "$SUITE_T0")" 'BEGIN { printf "%d", b - e }')
+scale_budget=$(( scale_left > 550 ? 510 : scale_left - 40 ))
+if [ "$SMOKE" = 1 ]; then
+  step scale-check 120 "$PY" -m experiments.bench.scale_check --smoke --arms baseline,lngram_r16 \
+    --out "$OUT/scale" --cache-dir "$JAX_COMPILATION_CACHE_DIR"
+elif [ "$scale_budget" -gt 60 ]; then
+  step scale-check 550 "$PY" -m experiments.bench.scale_check --out "$OUT/scale" \
+    --budget-s "$scale_budget" --cache-dir "$JAX_COMPILATION_CACHE_DIR"
+else
+  echo "=== [scale-check] SKIPPED: ${scale_left}s of the ${BUDGET_S}s budget left ===" | tee -a "$LOG"
+  printf 'scale-check\tskipped\t0\t%s\n' "python -m experiments.bench.scale_check" >> "$STEPS"
 fi

@@ -5,6 +5,8 @@
     lngram-exp eval    --workdir=runs/x [--step=N] [--mesh=data=2,table=4]   (LM runs)
     lngram-exp sample  --workdir=runs/x --prompt='def ' [--max_new_tokens=200 --top_k=20]
     lngram-exp configs | prepare-data | train-tokenizer | import-hf  (experiments/*_commands.py)
+    lngram-exp plan    --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=64
+                       [--accelerator=h100 --mfu=0.4]   (memory, FLOPs, collectives, step time)
     lngram-exp analyze --workdir=runs/x [--step=N] [--which=...]   (LM runs: the ID analyses;
                        VLM runs: attention decay, accuracy by length, LogitLens, grounding)
 
@@ -38,6 +40,8 @@ COMMANDS = {
     "eval": "validation bits per byte of an LM run's checkpoint",
     "sample": "continue prompts with an LM run's checkpoint",
     "configs": "list the config files with their purpose",
+    "plan": "per-device memory, FLOPs, collective bytes and step time of a config on a "
+            "mesh, compiled from shapes before any run",
     "analyze": "Lngram ID analyses of an LM run; attention, accuracy, LogitLens and "
                "grounding analyses of a VLM run",
 }
@@ -50,9 +54,11 @@ FLAGS_OF = {
                "greedy", "seed", "cache"},
     "analyze": {"workdir", "which", "step"},
     "configs": set(),
+    "plan": {"config", "mesh", "accelerator", "mfu"},
 }
 FLAGS_OF |= data_commands.FLAGS_OF | hf_commands.FLAGS_OF
-ANALYZE_FLAGS_OF = {"lm": {"max_positions", "seed", "n_perm", "stability_steps"},
+ANALYZE_FLAGS_OF = {"lm": {"max_positions", "seed", "n_perm", "stability_steps", "dedup",
+                           "max_file_share", "perm_strata", "n_rho_boot"},
                     "vlm": {"n", "max_new_tokens"}}
 
 
@@ -80,12 +86,22 @@ def define_flags(argv: list[str]) -> flags.FlagValues:
       ("list", "stability_steps", None, None, "analyze (LM runs): kept checkpoints to compare, "
        "e.g. 100,300."),
       ("integer", "n_perm", 500, 0, "analyze (LM runs): ID-KNN permutations."),
+      ("bool", "dedup", True, None, "analyze (LM runs): remove near-duplicate files from both "
+       "splits (experiments/analysis/dedup.py)."),
+      ("float", "max_file_share", 0.05, None, "analyze (LM runs): most of a split's positions "
+       "one file may give."),
+      ("string", "perm_strata", "nuisance_byte", None, "analyze (LM runs): the permutation "
+       "test's cells, nuisance or nuisance_byte (stratum x current byte)."),
+      ("integer", "n_rho_boot", 500, 0, "analyze (LM runs): bootstrap resamples of the rho CIs."),
       ("string", "max_memory", None, None, "train: refuse a config whose parameters + "
        "optimizer state exceed this, e.g. 8GiB (default: the machine's memory)."),
       ("string", "coordinator", None, None, "train on several hosts: coordinator host:port."),
       ("integer", "num_processes", None, 1, "train on several hosts: the process count."),
       ("integer", "process_id", None, 0, "train on several hosts: this process's index."),
-      ("string", "mesh", None, None, "eval/sample: a device mesh, e.g. data=2,table=4."),
+      ("string", "mesh", None, None, "eval/sample/plan: a device mesh, e.g. data=2,table=4."),
+      ("string", "accelerator", "h100", None, "plan: h100, h200, h800, tpu_v5p or tpu_v6e "
+       "(the step time's peak FLOP/s and links)."),
+      ("float", "mfu", 0.4, None, "plan: the share of peak FLOP/s the step time assumes."),
       ("bool", "debug", False, None, "Show the full traceback of an error."),
       *data_commands.FLAGS, *hf_commands.FLAGS]:
     bounds = {} if bound is None else {"lower_bound": bound}
@@ -104,7 +120,7 @@ def usage(fv: flags.FlagValues | None = None) -> str:
 
 def _command(argv: list[str], fv: flags.FlagValues) -> int:
   from experiments import commands, preflight
-  if argv[1] in COMMANDS and argv[1] != "train" and mentions_config(argv):
+  if argv[1] in COMMANDS and argv[1] not in ("train", "plan") and mentions_config(argv):
     refuse_flags(["config"], argv[1], FLAGS_OF[argv[1]], FLAGS_OF)   # before it is read
   rest = parse_command_line(fv, argv)
   if len(rest) != 2 or rest[1] not in COMMANDS:
@@ -117,6 +133,11 @@ def _command(argv: list[str], fv: flags.FlagValues) -> int:
   for extra in (data_commands, hf_commands):
     if command in extra.COMMANDS:
       return extra.run(command, f)
+  if command == "plan":
+    if f.config is None:
+      raise UsageError("lngram-exp plan needs --config=<file.py[:arg]>.")
+    return commands.plan_command(f.config, f.mesh, accelerator=f.accelerator, mfu=f.mfu,
+                                 argv=argv)
   if not f.workdir:
     raise UsageError(f"lngram-exp {command} needs --workdir.")
   if command == "train":
@@ -147,7 +168,9 @@ def _command(argv: list[str], fv: flags.FlagValues) -> int:
                                     max_new_tokens=f.max_new_tokens)
   return commands.analyze_command(f.workdir, kind, which=f.which, step=f.step, seed=f.seed,
                                   max_positions=f.max_positions, n_perm=f.n_perm,
-                                  stability_steps=f.stability_steps)
+                                  stability_steps=f.stability_steps, dedup=f.dedup,
+                                  max_file_share=f.max_file_share, perm_strata=f.perm_strata,
+                                  n_rho_boot=f.n_rho_boot)
 
 
 def run_main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ Layout of an experiment config:
   train   steps, logging, evaluation, checkpoints; the run-control fields
           allow_config_change (resume with another optimiser/schedule),
           profile_steps (steps to trace), grad_accum (micro-batches per step).
-  mesh    device mesh axis sizes data, fsdp, seq, table (-1: the devices the
+  mesh    device mesh axis sizes data, fsdp, seq, table, expert (-1: the devices the
           others leave); all 1 = one device (experiments/trainer/placement.py).
   init_from  "" or the workdir of a run without memory: start from its
           backbone, new branches at init (the paper's App. B insertion).
@@ -38,15 +38,20 @@ def base_config() -> ml_collections.ConfigDict:
                   kv_heads=2, head_dim=32, sink_mass=0.5, surrogate="onebit",
                   readout="absorbed"))
   # kind "bytes": data.path is a folder of text files; "tokens": a `prepare-data` directory.
+  # Validation: the first val_doc_cap units (bytes, tokens) of every validation document,
+  # at most val_budget units in all (0: no bound), packed per document, losses kept per
+  # document (experiments/data/validation.py); val_doc_cap 0 = the older first
+  # eval_batches batches in path order (what a saved run without the field reads back).
   c.data = dict(kind="bytes", path="", val_fraction=0.05, max_files=0, seq_len=128,
-                batch_size=16, seed=0, eval_batches=16, allow_corpus_change=False)
+                batch_size=16, seed=0, eval_batches=16, allow_corpus_change=False,
+                val_doc_cap=32768, val_budget=524288)
   # state_dtype "": AdamW's first moment in the parameters' dtype.
   c.optim = dict(lr=3e-3, table_lr_mult=4.0, weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8,
                  warmup_steps=50, min_lr_ratio=0.1, clip_norm=1.0, state_dtype="")
   c.train = dict(steps=600, seed=0, log_every=10, eval_every=200, ckpt_every=200,
                  max_to_keep=3, async_checkpoint=True, progress=True,
                  allow_config_change=False, profile_steps=(), grad_accum=1)
-  c.mesh = dict(data=1, fsdp=1, seq=1, table=1)
+  c.mesh = dict(data=1, fsdp=1, seq=1, table=1, expert=1)
   c.init_from = ""
   return c
 
@@ -82,7 +87,7 @@ def smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.model.update(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,
                  max_len=128)
   c.model.memory.update(routes=4, bits=2, mem_dim=8, q_heads=2, kv_heads=1, head_dim=16)
-  c.data.update(max_files=12, seq_len=32, batch_size=4, eval_batches=2)
+  c.data.update(max_files=12, seq_len=32, batch_size=4, eval_batches=2, val_doc_cap=256)
   c.optim.update(warmup_steps=2)
   c.train.update(steps=4, log_every=1, eval_every=4, ckpt_every=2, max_to_keep=2)
   return c

@@ -34,16 +34,32 @@ paper's Table 2 comparison runs on a real backbone:
                         real token ids, zero-init; none: the backbone alone)
   smoke                 seconds on CPU against a tiny checkpoint: 8 steps, the
                         memory in layer 2 (1-based) only, a few routes
+  keye2b                the backbone shape stated in the config instead of read
+                        from config.json, so that `lngram-exp plan` sizes the run
+                        without the checkpoint: Qwen3-1.7B's widths (d 2048, 28
+                        layers, 16 query / 8 KV heads of dim 128, FFN 6144,
+                        vocabulary 151,936, tied embeddings, q/k norms, RoPE
+                        theta 1e6), token data. The paper does not print Keye2B's
+                        language-model shape; its Lngram count (155.6M, which
+                        param_count gives at d 2048) fixes the width, and the
+                        Qwen3-1.7B depth and FFN are our assumption. With
+                        init_from=hf:DIR, DIR's config.json must agree (a
+                        differing field is refused, naming it).
 
     lngram-exp train --config=experiments/configs/hf_lngram.py:pkm \
         --config.init_from=hf:CHECKPOINT_DIR --workdir=runs/hf_pkm
     lngram-exp train --config=experiments/configs/hf_lngram.py:smoke \
         --config.init_from=hf:CHECKPOINT_DIR --workdir=/tmp/hf_smoke
+    lngram-exp plan --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=8
 """
 
 from experiments.configs import base
 
 ARMS = ("pkm", "engram", "v1", "sparse_ffn", "none")
+# Qwen3-1.7B's config.json, in LMConfig fields (the `keye2b` arg).
+KEYE2B_BACKBONE = dict(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                       ffn_dim=6144, vocab_size=151936, tie_embeddings=True, qk_norm=True,
+                       rope_theta=1e6, norm_eps=1e-6, norm_scale_in_dtype=True)
 # Table 13, Keye2B: layers 2 and 14 (1-based).
 KEYE2B_LAYERS = (1, 13)
 
@@ -83,15 +99,21 @@ def get_config(arg: str = ""):
   config.train.update(steps=10000, eval_every=1000, ckpt_every=1000, log_every=50)
   config.plan_devices = 8
   parts = [p for p in (arg or "").split(",") if p]
+  if "keye2b" in parts and "smoke" in parts:
+    raise ValueError("hf_lngram: keye2b (the full-size shape) and smoke do not combine.")
   for part in parts:
-    if part == "smoke":
+    if part in ("smoke", "keye2b"):
       continue
     if part not in ARMS:
-      raise ValueError(f"hf_lngram: unknown config arg {part!r}; use one of {ARMS} or smoke.")
+      raise ValueError(f"hf_lngram: unknown config arg {part!r}; use one of {ARMS}, smoke "
+                       "or keye2b.")
     if part == "none":
       config.model.memory_layers = ()
     else:
       config.model.memory = _arm(part)
+  if "keye2b" in parts:
+    config.model.update(KEYE2B_BACKBONE)
+    config.data.kind = "tokens"   # the checkpoint's tokenizer (lngram-exp prepare-data)
   if "smoke" in parts:
     config.model.update(max_len=128, dtype="float32", memory_layers=(
         () if "none" in parts else (1,)))

@@ -45,6 +45,9 @@ def set_backbone(model_block, lm: LMConfig, *, check: bool) -> None:
                               + "; ".join(diffs) + " (set them to 0 to take config.json's).")
   for field in SHAPE_FIELDS + FAMILY_FIELDS:
     model_block[field] = getattr(lm, field)
+  if lm.moe_layers:   # Qwen3-MoE: its sparse layers and experts (config.json decides them)
+    model_block["moe_layers"] = lm.moe_layers
+    model_block["moe"] = {k: v for k, v in lm.moe.to_dict().items() if k != "d_model"}
 
 
 def with_hf_backbone(config):

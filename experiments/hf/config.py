@@ -1,4 +1,4 @@
-"""A Hugging Face `config.json` (Qwen3, Llama, Qwen2) as the backbone fields of an `LMConfig`.
+"""A Hugging Face `config.json` (Qwen3, Qwen3-MoE, Llama, Qwen2) as the backbone fields of an `LMConfig`.
 
 transformers 5 writes the RoPE options as `rope_parameters` ({"rope_type",
 "rope_theta", ...}); older files as `rope_theta` + `rope_scaling`. Both are
@@ -13,18 +13,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from experiments.hf import qwen3_moe
 from experiments.hf.safetensors_io import HFCheckpointError
 from experiments.models.config import LMConfig
+from experiments.models.moe import MoEConfig
 
 # model_type -> the architecture it must name, and whether q/k/v carry biases.
 SUPPORTED = {"qwen3": ("Qwen3ForCausalLM", False),
              "llama": ("LlamaForCausalLM", False),
-             "qwen2": ("Qwen2ForCausalLM", True)}
+             "qwen2": ("Qwen2ForCausalLM", True),
+             qwen3_moe.MODEL_TYPE: (qwen3_moe.ARCHITECTURE, False)}
+# Families with per-head q/k RMSNorms.
+QK_NORM = ("qwen3", qwen3_moe.MODEL_TYPE)
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 # The LMConfig fields a config.json decides; an experiment config may not contradict them.
 BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                    "ffn_dim", "rope_theta", "rope_scaling", "tie_embeddings", "norm_eps",
-                   "qkv_bias", "qk_norm", "norm_scale_in_dtype")
+                   "qkv_bias", "qk_norm", "norm_scale_in_dtype", "moe_layers", "moe")
 
 
 def read_config_json(hf_dir) -> dict:
@@ -99,6 +104,11 @@ def hf_lm_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> LMC
     d_model = int(hf["hidden_size"])
     theta, scaling = _rope(hf)
     held = checkpoint_dtype(hf)
+    moe = {}
+    if model_type == qwen3_moe.MODEL_TYPE:   # Qwen3-MoE: sparse layers by its own rule
+      layers = qwen3_moe.moe_layers(hf)
+      moe = dict(moe_layers=layers, moe=MoEConfig(**qwen3_moe.moe_fields(hf)) if layers
+                 else None)
     return LMConfig(
         vocab_size=int(hf["vocab_size"]), d_model=d_model,
         n_layers=int(hf["num_hidden_layers"]), n_heads=n_heads,
@@ -110,8 +120,8 @@ def hf_lm_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> LMC
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         init_std=float(hf.get("initializer_range", 0.02)),
-        qkv_bias=qkv_bias, qk_norm=model_type == "qwen3", norm_scale_in_dtype=True,
-        dtype=dtype or held, param_dtype=param_dtype or held)
+        qkv_bias=qkv_bias, qk_norm=model_type in QK_NORM, norm_scale_in_dtype=True,
+        dtype=dtype or held, param_dtype=param_dtype or held, **moe)
   except KeyError as e:
     raise HFCheckpointError(f"config.json: missing field {e.args[0]!r}.") from None
   except ValueError as e:

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from experiments.hf import memory_export
+from experiments.hf import memory_export, qwen3_moe
 from experiments.hf.memory_export import lngram_v2_export
 from experiments.hf.names import to_hf
 from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, HFCheckpointError, write_file
@@ -33,13 +33,16 @@ from experiments.models.config import LMConfig
 from experiments.trainer.optimizer import path_str
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "llama": "LlamaForCausalLM"}
+                 "llama": "LlamaForCausalLM", qwen3_moe.MODEL_TYPE: qwen3_moe.ARCHITECTURE}
 
 
 def hf_config_json(config: LMConfig, source: dict | None = None) -> dict:
   """The config.json of `config`'s backbone (over `source`, a config.json it came from)."""
   c = config
   model_type = "qwen3" if c.qk_norm else "qwen2" if c.qkv_bias else "llama"
+  if c.moe_layers:   # only Qwen3-MoE holds experts: q/k norms, no shared experts
+    qwen3_moe.check_exportable(c)
+    model_type = qwen3_moe.MODEL_TYPE
   out = dict(source or {})
   for old in ("rope_parameters", "rope_scaling", "torch_dtype"):
     out.pop(old, None)
@@ -53,6 +56,9 @@ def hf_config_json(config: LMConfig, source: dict | None = None) -> dict:
       hidden_act="silu", initializer_range=c.init_std, dtype=np.dtype(c.param_dtype).name)
   if model_type != "qwen2":
     out["attention_bias"] = False
+  if c.moe_layers:
+    out.pop("num_local_experts", None)
+    out.update(qwen3_moe.hf_config_fields(c))
   return out
 
 
@@ -70,6 +76,9 @@ def export_hf(workdir, out, *, step: int | None = None,
     raise HFCheckpointError(f"--out={out} exists and is not empty; export-hf writes a new "
                             "checkpoint directory.")
   model, experiment = restore(workdir, step)
+  if type(model).__name__ == "Qwen3VL":   # with its PVM branches in the authors' layout
+    from experiments.hf.qwen3vl_export import export_qwen3vl
+    return export_qwen3vl(model, workdir, out, experiment.restored_step)
   if not isinstance(getattr(model, "config", None), LMConfig):
     raise HFCheckpointError(f"{workdir}: export-hf exports LM runs, not this one.")
   flat = {path_str(path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(

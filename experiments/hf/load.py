@@ -1,4 +1,4 @@
-"""Load a Hugging Face Qwen3 / Llama / Qwen2 checkpoint into the one `DecoderLM`.
+"""Load a Hugging Face Qwen3 / Qwen3-MoE / Llama / Qwen2 checkpoint into the one `DecoderLM`.
 
     model, config = load_hf(hf_dir)                 the backbone alone
     fill_backbone(model, hf_dir)                    into a model with memory slots
@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from experiments.hf import qwen3_moe
 from experiments.hf.config import check_matches, hf_lm_config, read_config_json
 from experiments.hf.names import hf_shapes, ignorable, param_targets
 from experiments.hf.safetensors_io import Checkpoint, HFCheckpointError
@@ -36,12 +37,18 @@ def _named(names, limit=6) -> str:
 
 def check_tensors(ckpt: Checkpoint, config: LMConfig) -> None:
   """Refuses missing / unexpected tensors and shape mismatches, naming them."""
-  want = hf_shapes(config)
+  want = hf_shapes(config, qwen3_moe.layout_of(ckpt.names()))
+  check_tensor_set(ckpt, want, lambda name: ignorable(name, config))
+
+
+def check_tensor_set(ckpt: Checkpoint, want: dict, ignore=lambda name: False) -> None:
+  """The checkpoint holds exactly `want` {name: shape} (besides names `ignore`
+  accepts), each at its shape; otherwise one error naming what differs."""
   have = ckpt.names()
   missing = set(want) - have
   if missing:
     raise HFCheckpointError(f"{ckpt.dir}: missing tensors {_named(missing)}.")
-  unexpected = {n for n in have - set(want) if not ignorable(n, config)}
+  unexpected = {n for n in have - set(want) if not ignore(n)}
   if unexpected:
     raise HFCheckpointError(f"{ckpt.dir}: unexpected tensors {_named(unexpected)} (not "
                             "part of the model config.json describes).")
@@ -77,7 +84,7 @@ def fill_backbone(model: DecoderLM, hf_dir, *, mesh=None, rules=None) -> dict:
   check_matches(hf_config, model.config)
   ckpt = Checkpoint(hf_dir)
   check_tensors(ckpt, model.config)
-  targets = param_targets(model.config)
+  targets = param_targets(model.config, qwen3_moe.layout_of(ckpt.names()))
   params = nnx.state(model, nnx.Param)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   new, fresh = [], []

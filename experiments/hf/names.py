@@ -15,6 +15,8 @@ the head axes split out. Per layer i (`model.layers.i.` prefix on the left):
   mlp.down_proj.weight [D, F]            blocks/i/mlp/w_down [F, D]          transpose
 and model.embed_tokens.weight [V, D] -> embed/table, model.norm.weight ->
 final_norm/scale, lm_head.weight [V, D] -> unembed [D, V] (untied only).
+Qwen3-MoE's sparse layers replace the mlp.* rows by their router and experts
+(experiments/hf/qwen3_moe.py).
 The same table read backwards is the export (`to_hf`).
 """
 
@@ -25,6 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from experiments.hf import qwen3_moe
 from experiments.models.config import LMConfig
 
 
@@ -49,8 +52,9 @@ def _linear_in(*shape):
   return lambda w: np.reshape(w.T, (*shape, w.shape[0]))
 
 
-def param_targets(config: LMConfig) -> dict[str, Target]:
-  """{our parameter path: Target} for every backbone parameter of `config`."""
+def param_targets(config: LMConfig, experts: str = "per_expert") -> dict[str, Target]:
+  """{our parameter path: Target} for every backbone parameter of `config`;
+  `experts`: the layout of MoE expert tensors (experiments/hf/qwen3_moe.py)."""
   c = config
   Hq, Hkv, Dh = c.n_heads, c.n_kv_heads, c.head_dim
   t = {"embed/table": Target(("model.embed_tokens.weight",), _same),
@@ -75,6 +79,9 @@ def param_targets(config: LMConfig) -> dict[str, Target]:
     if c.qk_norm:
       t[ours + "attn/q_norm/scale"] = Target((a + "q_norm.weight",), _same)
       t[ours + "attn/k_norm/scale"] = Target((a + "k_norm.weight",), _same)
+    if i in c.moe_layers:
+      t |= qwen3_moe.layer_targets(c, i, Target, experts)
+      continue
     for name in ("gate", "up", "down"):
       t[ours + f"mlp/w_{name}"] = Target((hf + f"mlp.{name}_proj.weight",), lambda w: w.T)
   return t
@@ -92,9 +99,13 @@ def to_hf(config: LMConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarr
   c = config
   Hq, Hkv, Dh = c.n_heads, c.n_kv_heads, c.head_dim
   out = {}
+  for i in c.moe_layers:
+    out |= qwen3_moe.layer_to_hf(c, i, params)
   for path, target in param_targets(config).items():
     p = np.asarray(params[path])
     names = target.sources
+    if "/mlp/" in path and int(path.split("/")[1]) in c.moe_layers:
+      continue   # written above
     if path.endswith("attn/w_kv"):
       for j, name in enumerate(names):
         out[name] = p[:, j].reshape(p.shape[0], Hkv * Dh).T
@@ -114,8 +125,9 @@ def to_hf(config: LMConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarr
   return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def hf_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
-  """{HF tensor name: shape} that a checkpoint of `config` holds."""
+def hf_shapes(config: LMConfig, experts: str = "per_expert") -> dict[str, tuple[int, ...]]:
+  """{HF tensor name: shape} that a checkpoint of `config` holds (`experts`: the
+  layout of MoE expert tensors)."""
   c = config
   D, V, F = c.d_model, c.vocab_size, c.ffn_dim
   q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
@@ -127,9 +139,12 @@ def hf_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
     a = hf + "self_attn."
     s |= {hf + "input_layernorm.weight": (D,), hf + "post_attention_layernorm.weight": (D,),
           a + "q_proj.weight": (q, D), a + "k_proj.weight": (kv, D),
-          a + "v_proj.weight": (kv, D), a + "o_proj.weight": (D, q),
-          hf + "mlp.gate_proj.weight": (F, D), hf + "mlp.up_proj.weight": (F, D),
-          hf + "mlp.down_proj.weight": (D, F)}
+          a + "v_proj.weight": (kv, D), a + "o_proj.weight": (D, q)}
+    if i in c.moe_layers:
+      s |= qwen3_moe.layer_shapes(c, i, experts)
+    else:
+      s |= {hf + "mlp.gate_proj.weight": (F, D), hf + "mlp.up_proj.weight": (F, D),
+            hf + "mlp.down_proj.weight": (D, F)}
     if c.qkv_bias:
       s |= {a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)}
     if c.qk_norm:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models.layers import RMSNorm, normal, rope, rope_inv_freq
+from experiments.models.layers import RMSNorm, mrope_axes, normal, rope, rope_inv_freq
 
 
 def causal_mask(batch_time: tuple[int, int], *, segment_ids=None, valid=None):
@@ -61,15 +61,22 @@ class Attention(nnx.Module):
   Options the pretrained families need (all off by default; DESIGN.md §11):
   `qkv_bias` adds b_q [Hq, Dh] and b_kv [2, Hkv, Dh] (Qwen2); `qk_norm` applies
   an RMSNorm over Dh, one scale shared by the heads, to q and k before RoPE
-  (Qwen3); `rope_scaling` rescales the RoPE frequencies (`rope_inv_freq`).
+  (Qwen3); `rope_scaling` rescales the RoPE frequencies (`rope_inv_freq`);
+  `mrope_section` makes positions [3, B, T] (t, h, w) rotate their own
+  frequencies (Qwen3-VL, `layers.mrope_axes`).
   """
 
   def __init__(self, *, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
                rope_theta: float, dtype, param_dtype, init_std: float, out_std: float,
                rngs: nnx.Rngs, qkv_bias: bool = False, qk_norm: bool = False,
                rope_scaling: tuple = (), norm_eps: float = 1e-6,
-               norm_scale_in_dtype: bool = False):
+               norm_scale_in_dtype: bool = False, mrope_section: tuple = (),
+               mrope_interleaved: bool = False):
     self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+    # Multimodal RoPE (Qwen3-VL): which of the t, h, w positions each frequency reads.
+    self.mrope_axes = (tuple(int(a) for a in mrope_axes(head_dim, mrope_section,
+                                                         mrope_interleaved))
+                       if mrope_section else None)
     self.rope_theta = rope_theta
     # A tuple of (name, value) pairs: static, hashable, rebuilt into a dict.
     self.rope_scaling = tuple(rope_scaling)
@@ -105,10 +112,12 @@ class Attention(nnx.Module):
     inv_freq_F = None
     if self.rope_scaling:
       inv_freq_F = rope_inv_freq(self.head_dim, self.rope_theta, dict(self.rope_scaling))
+    if positions_BxT.ndim == 3 and self.mrope_axes is None:
+      raise ValueError("Attention: positions [3, B, T] need an mrope_section.")
     q_BxTxHqxDh = rope(q_BxTxHqxDh, positions_BxT, theta=self.rope_theta,
-                       inv_freq_F=inv_freq_F)
+                       inv_freq_F=inv_freq_F, axes_F=self.mrope_axes)
     k_BxTxHkvxDh = rope(k_BxTxHkvxDh, positions_BxT, theta=self.rope_theta,
-                       inv_freq_F=inv_freq_F)
+                       inv_freq_F=inv_freq_F, axes_F=self.mrope_axes)
     return q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh
 
   def project_out(self, o_BxTxHqxDh):

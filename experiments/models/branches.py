@@ -61,6 +61,8 @@ class BranchContext:
   lengths_B: real tokens per row (prefill).
   text_mask_BxT: 1 on text positions, 0 on image positions (None: all text).
   visual_BxNvxD: the projected visual embeddings that enter the LM.
+  visual_valid_BxNv: bool, False on visual padding (rows whose images give
+    fewer visual tokens than the batch's most); None: every token is real.
   attn_norm_scale_D: the block's pre-attention RMSNorm weight [D] (set by the
     block for its memory slot: Lngram v1's router reads input_layernorm(h)
     with the layer's own norm weights).
@@ -77,6 +79,7 @@ class BranchContext:
   lengths_B: jax.Array | None = None
   text_mask_BxT: jax.Array | None = None
   visual_BxNvxD: jax.Array | None = None
+  visual_valid_BxNv: jax.Array | None = None
   attn_norm_scale_D: jax.Array | None = None
   probe: bool = struct.field(pytree_node=False, default=False)
   mesh: Mesh | None = struct.field(pytree_node=False, default=None)
@@ -194,7 +197,7 @@ class PVMBranch(PVM):
     if ctx.visual_BxNvxD is None:
       raise ValueError("PVMBranch: the context has no visual_BxNvxD (the image tokens).")
     if self.source == "raw":
-      return self.visual_cache(ctx.visual_BxNvxD)
+      return self.visual_cache(ctx.visual_BxNvxD, ctx.visual_valid_BxNv)
     return self.visual_cache(x_BxTxD[:, :ctx.visual_BxNvxD.shape[1]])
 
   def forward(self, x_BxTxD, ctx):

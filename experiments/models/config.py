@@ -14,13 +14,15 @@ from typing import Any
 
 from experiments.models import branches
 from experiments.models.layers import rope_inv_freq
+from experiments.models.moe import MoEConfig
 from lngram_jax import dataclass_json
 from lngram_jax.config import READOUTS, SURROGATES
 
 _OWNER = "LMConfig"
 # Fields added after runs were saved, with their JSON defaults (see `to_dict`).
 _LATER_FIELDS = {"qkv_bias": False, "qk_norm": False, "rope_scaling": [],
-                 "norm_scale_in_dtype": False}
+                 "norm_scale_in_dtype": False, "mrope_section": [],
+                 "mrope_interleaved": False, "moe_layers": [], "moe": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +54,14 @@ class LMConfig:
       ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192)).
     norm_scale_in_dtype: RMSNorms multiply by their scale after casting back to
       the input dtype (Hugging Face Llama / Qwen), not before.
-    The last four default off and draw no random numbers (DESIGN.md §11).
+    mrope_section: () or (n_t, n_h, n_w) RoPE frequencies per position axis
+      (sum head_dim/2): positions [3, B, T] (Qwen3-VL's multimodal RoPE).
+    mrope_interleaved: the axes alternate over the frequencies (Qwen3-VL) rather
+      than taking consecutive blocks (Qwen2-VL).
+    The last six default off and draw no random numbers (DESIGN.md §11).
+    moe_layers: layers whose FFN is the mixture of experts `moe` (an
+      experiments.models.moe.MoEConfig; d_model must match) instead of the
+      dense SwiGLU (DESIGN.md §6.7); () draws nothing new.
   """
 
   d_model: int = 256
@@ -78,6 +87,10 @@ class LMConfig:
   qk_norm: bool = False
   rope_scaling: tuple = ()
   norm_scale_in_dtype: bool = False
+  mrope_section: tuple = ()
+  mrope_interleaved: bool = False
+  moe_layers: tuple[int, ...] = ()
+  moe: Any = None
 
   def __post_init__(self):
     for name in ("dtype", "param_dtype"):
@@ -88,7 +101,8 @@ class LMConfig:
       dataclass_json.check_positive_int(_OWNER, name, getattr(self, name))
     for name in ("rope_theta", "norm_eps", "init_std"):
       dataclass_json.check_finite(_OWNER, name, getattr(self, name))
-    for name in ("tie_embeddings", "remat", "qkv_bias", "qk_norm", "norm_scale_in_dtype"):
+    for name in ("tie_embeddings", "remat", "qkv_bias", "qk_norm", "norm_scale_in_dtype",
+                 "mrope_interleaved"):
       dataclass_json.check_bool(_OWNER, name, getattr(self, name))
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
@@ -103,6 +117,8 @@ class LMConfig:
     if self.init_std <= 0:
       raise ValueError(f"LMConfig: init_std={self.init_std} must be > 0.")
     self._check_rope_scaling()
+    self._check_mrope()
+    self._check_moe()
     for slot, layers_field, config_field in (("memory", "memory_layers", "memory"),
                                              ("ffn", "ffn_branch_layers", "ffn_branch")):
       self._check_slot(slot, layers_field, config_field)
@@ -124,6 +140,40 @@ class LMConfig:
       except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"LMConfig: rope_scaling={dict(scaling)} is not usable: "
                          f"{e!s}") from None
+
+  def _check_mrope(self) -> None:
+    section = self.mrope_section
+    if not isinstance(section, (tuple, list)) or not all(
+        dataclass_json.is_int(n) and n >= 0 for n in section) or len(section) not in (0, 3):
+      raise ValueError(f"LMConfig: mrope_section={section!r} must be () or three "
+                       "non-negative ints (t, h, w).")
+    section = tuple(int(n) for n in section)
+    object.__setattr__(self, "mrope_section", section)
+    if section and sum(section) != self.head_dim // 2:
+      raise ValueError(f"LMConfig: mrope_section={section} must sum to head_dim/2="
+                       f"{self.head_dim // 2}.")
+
+  def _check_moe(self) -> None:
+    layers = self.moe_layers
+    if not isinstance(layers, (tuple, list)) or not all(dataclass_json.is_int(i) for i in layers):
+      raise ValueError(f"LMConfig: moe_layers={layers!r} must be a tuple of layer indices (ints).")
+    layers = tuple(int(i) for i in layers)
+    object.__setattr__(self, "moe_layers", layers)
+    bad = [i for i in layers if not 0 <= i < self.n_layers]
+    if bad:
+      raise ValueError(f"LMConfig: moe_layers={layers} has {bad} outside "
+                       f"[0, n_layers={self.n_layers}).")
+    if len(set(layers)) != len(layers):
+      raise ValueError(f"LMConfig: moe_layers={layers} has duplicates.")
+    if layers and self.moe is None:
+      raise ValueError(f"LMConfig: moe_layers={layers} needs a `moe` config.")
+    if self.moe is None:
+      return
+    if not isinstance(self.moe, MoEConfig):
+      raise ValueError(f"LMConfig: moe must be a MoEConfig, not {type(self.moe).__name__}.")
+    if self.moe.d_model != self.d_model:
+      raise ValueError(f"LMConfig: moe.d_model={self.moe.d_model} must equal "
+                       f"d_model={self.d_model}.")
 
   def _check_slot(self, slot: str, layers_field: str, config_field: str) -> None:
     layers = getattr(self, layers_field)
@@ -166,7 +216,8 @@ class LMConfig:
     d = dataclass_json.to_json(self, **{
         field: None if getattr(self, field) is None
         else branches.config_to_dict(getattr(self, field))
-        for field in ("memory", "ffn_branch")})
+        for field in ("memory", "ffn_branch")},
+        moe=None if self.moe is None else self.moe.to_dict())
     for field, default in _LATER_FIELDS.items():
       if d[field] == default:
         del d[field]
@@ -182,6 +233,8 @@ class LMConfig:
       d["memory"] = None if lngram is None else {"kind": "lngram", **lngram}
     nested = {field: None if d[field] is None else branches.config_from_dict(d[field])
               for field in ("memory", "ffn_branch") if field in d}
+    if d.get("moe") is not None:
+      nested["moe"] = MoEConfig.from_dict(d["moe"])
     return dataclass_json.from_json(cls, d, owner="LMConfig.from_dict", **nested)
 
 
@@ -222,6 +275,15 @@ def lm_config(config) -> LMConfig:
       memory["vocab_size"] = m["vocab_size"]   # 0: the model's token ids
     m["memory"] = branches.config_from_dict({"kind": kind, "d_model": m["d_model"], **memory})
   m["memory_layers"] = layers
+  # model.moe = dict(<MoEConfig fields except d_model>) for model.moe_layers.
+  moe = m.pop("moe", None)
+  m["moe_layers"] = tuple(m.pop("moe_layers", ()) or ())
+  if m["moe_layers"] or moe:
+    moe = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(moe or {}).items()}
+    try:
+      m["moe"] = MoEConfig(**{"d_model": m["d_model"], **moe})
+    except TypeError as e:
+      raise ValueError(f"model.moe: {e}") from None
   seq_len = config.get("data", {}).get("seq_len")
   if seq_len is not None and seq_len > m["max_len"]:
     raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={m['max_len']}.")

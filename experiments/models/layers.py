@@ -78,18 +78,50 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> n
   return np.where(medium_F, smoothed_F, scaled_F).astype(np.float32)
 
 
-def rope(x_BxTxHxDh, positions_BxT, *, theta: float, inv_freq_F=None):
+def mrope_axes(head_dim: int, mrope_section, interleaved: bool) -> np.ndarray:
+  """Which position axis (0 t, 1 h, 2 w) drives each of the Dh/2 frequencies: int [F].
+
+  Multimodal RoPE (Qwen2-VL, arXiv 2409.12191; Qwen3-VL's interleaved form):
+  `mrope_section` = (n_t, n_h, n_w) frequencies per axis, summing to Dh/2.
+  Interleaved (transformers `Qwen3VLTextRotaryEmbedding`): frequency i takes h
+  when i % 3 == 1 and i < 3·n_h, w when i % 3 == 2 and i < 3·n_w, else t.
+  Not interleaved (Qwen2-VL): the first n_t frequencies t, the next n_h h, then w.
+  """
+  F = head_dim // 2
+  n_t, n_h, n_w = (int(n) for n in mrope_section)
+  if n_t + n_h + n_w != F:
+    raise ValueError(f"mrope_section={tuple(mrope_section)} must sum to head_dim/2={F}.")
+  if not interleaved:
+    return np.repeat(np.arange(3), (n_t, n_h, n_w)).astype(np.int32)
+  i = np.arange(F)
+  axes = np.zeros(F, np.int32)
+  axes[(i % 3 == 1) & (i < 3 * n_h)] = 1
+  axes[(i % 3 == 2) & (i < 3 * n_w)] = 2
+  return axes
+
+
+def rope(x_BxTxHxDh, positions_BxT, *, theta: float, inv_freq_F=None, axes_F=None):
   """Rotary position embedding (rotate-half form), computed in float32.
 
   Channel i < Dh/2 pairs with channel i + Dh/2 and turns by the angle
   position · theta^(-2i/Dh) (or position · inv_freq_F[i], see `rope_inv_freq`).
   This is the Hugging Face Llama convention: x·cos + rotate_half(x)·sin.
+  Multimodal RoPE: positions [3, B, T] (t, h, w) and `axes_F` (`mrope_axes`)
+  naming the axis each frequency reads; [B, T] positions mean t = h = w.
   """
   Dh = x_BxTxHxDh.shape[-1]
   half = Dh // 2
   if inv_freq_F is None:
     inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / Dh)
-  angle_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_F
+  if positions_BxT.ndim == 3:
+    if axes_F is None:
+      raise ValueError("rope: positions [3, B, T] need axes_F (an mrope_section).")
+    angle_3xBxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_F
+    # One-hot select of the axis per frequency: exact (a sum of one nonzero term).
+    pick_3xF = jnp.asarray(np.arange(3)[:, None] == np.asarray(axes_F)[None, :])
+    angle_BxTxF = jnp.where(pick_3xF[:, None, None, :], angle_3xBxTxF, 0.0).sum(0)
+  else:
+    angle_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_F
   sin_BxTx1xF = jnp.sin(angle_BxTxF)[:, :, None, :]
   cos_BxTx1xF = jnp.cos(angle_BxTxF)[:, :, None, :]
   x = x_BxTxHxDh.astype(jnp.float32)

@@ -9,7 +9,8 @@ partitioned by XLA from the shardings of its parameters and batch.
 
 `placement_rules(module)` is the model's part of the trainer's placement
 (experiments/trainer/placement.py): memory tables by rows, Lngram layers by
-their own rules (`lngram_jax.sharding.layer_param_spec`).
+their own rules (`lngram_jax.sharding.layer_param_spec`), the MoE FFN's routed
+experts by their expert dimension over `expert` (experiments/models/moe_parallel.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from experiments.models.moe_parallel import check_expert_axis
 from lngram_jax.sharding import ShardingConfig
 from lngram_jax.sharding.mesh import layer_param_spec, rows_spec
 
@@ -27,6 +29,7 @@ BATCH_AXES = ("data", "fsdp")
 LNGRAM_SHARDING = ShardingConfig(mode="route_parallel", data_axis=BATCH_AXES,
                                  seq_axis="seq", table_axis="table")
 
+EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")   # MoEFFN's [E, ., .] weights
 Rule = Callable[[tuple[str, ...], tuple[int, ...], Mesh], P | None]
 
 
@@ -50,7 +53,9 @@ def placement_rules(module) -> Rule:
 
   Lngram v2 layers follow `layer_param_spec` (tables by rows over table and fsdp,
   the router's columns with their routes); every other memory branch's tables
-  (`.../memory/tables/<j>`, [rows, width]) split by rows the same way.
+  (`.../memory/tables/<j>`, [rows, width]) split by rows the same way. The MoE
+  FFN's `mlp/w_gate`, `mlp/w_up`, `mlp/w_down` ([E, ., .]) split their experts over
+  `expert` when that axis has more than one device (its size must divide E).
   """
   layers = lngram_paths(module)
 
@@ -61,6 +66,10 @@ def placement_rules(module) -> Rule:
                                 at_rest=("fsdp",))
     if "memory" in path and len(path) >= 2 and path[-2] == "tables" and len(shape) == 2:
       return rows_spec(int(shape[0]), mesh, ("table", "fsdp")) or P()
+    if (len(path) >= 2 and path[-2] == "mlp" and path[-1] in EXPERT_WEIGHTS
+        and len(shape) == 3 and int(mesh.shape.get("expert", 1)) > 1):
+      check_expert_axis(int(shape[0]), mesh)
+      return P("expert", None, None)
     return None
 
   return rule

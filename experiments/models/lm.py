@@ -19,7 +19,9 @@ experiments/models/branches.py, so one `Block.__call__` serves the three modes:
 Packed rows carry `segment_ids`: attention, the Lngram windows and its conv
 never cross a segment boundary, and positions restart at every segment.
 `valid` marks real tokens (padding reads nothing and the Lngram delta is 0
-there). Logits are float32.
+there). Logits are float32. Qwen3-VL (experiments/qwen3vl/) passes multimodal
+positions [3, B, T] (`LMConfig.mrope_section`) and per-layer `layer_adds` (its
+DeepStack features) to `forward_embedded` / `prefill_embedded`.
 
 `DecoderLM(config, scan=True)` draws the same weights, then stacks each run of
 two or more blocks without a branch into one `Block` whose parameters carry a
@@ -50,6 +52,7 @@ from experiments.models.branches import BranchContext, make_branch
 from experiments.models.cache import DecodeCache, LayerCache
 from experiments.models.config import LMConfig
 from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segment_positions
+from experiments.models.moe import MoEFFN
 from lngram_jax.layer import LngramV2
 
 Mode = Literal["parallel", "prefill", "decode"]
@@ -72,24 +75,31 @@ def _norm(c: LMConfig) -> RMSNorm:
 class Block(nnx.Module):
   """One pre-norm decoder block with a memory slot and a beside-FFN slot.
 
-  `ffn_branch` is attached by `DecoderLM` after every backbone parameter is
-  drawn (see there); a block built alone has none.
+  `memory` and `ffn_branch` are attached by `DecoderLM` after every backbone
+  parameter is drawn (see there); a block built alone has neither.
   """
 
   def __init__(self, config: LMConfig, layer: int, *, rngs: nnx.Rngs):
+    # The slots are filled by DecoderLM, which knows their layers; `layer` picks
+    # the FFN (dense SwiGLU, or the mixture of experts at config.moe_layers).
     c = config
     out_std = c.init_std / math.sqrt(2 * c.n_layers)
-    self.memory = make_branch(c.memory, rngs=rngs) if layer in c.memory_layers else None
+    self.memory = None
     self.attn_norm = _norm(c)
     self.attn = Attention(
         d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
         head_dim=c.head_dim, rope_theta=c.rope_theta, dtype=c.dtype,
         param_dtype=c.param_dtype, init_std=c.init_std, out_std=out_std, rngs=rngs,
         qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, rope_scaling=c.rope_scaling,
-        norm_eps=c.norm_eps, norm_scale_in_dtype=c.norm_scale_in_dtype)
+        norm_eps=c.norm_eps, norm_scale_in_dtype=c.norm_scale_in_dtype,
+        mrope_section=c.mrope_section, mrope_interleaved=c.mrope_interleaved)
     self.mlp_norm = _norm(c)
-    self.mlp = SwiGLU(c.d_model, c.ffn_dim, dtype=c.dtype, param_dtype=c.param_dtype,
-                      init_std=c.init_std, out_std=out_std, rngs=rngs)
+    if layer in c.moe_layers:   # drawn where the dense FFN would be (experiments/models/moe.py)
+      self.mlp = MoEFFN(c.moe, dtype=c.dtype, param_dtype=c.param_dtype, init_std=c.init_std,
+                        out_std=out_std, rngs=rngs)
+    else:
+      self.mlp = SwiGLU(c.d_model, c.ffn_dim, dtype=c.dtype, param_dtype=c.param_dtype,
+                        init_std=c.init_std, out_std=out_std, rngs=rngs)
     self.ffn_branch = None
     self.cache_dtype = c.dtype
 
@@ -135,7 +145,14 @@ class Block(nnx.Module):
         aux["attn/probs"] = extras["probs"]
     x_BxTxD = x_BxTxD + attn_BxTxD
     y_ffn_BxTxD = None if self.ffn_branch is None else branch("ffn_branch", x_BxTxD)
-    x_BxTxD = x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD))
+    if isinstance(self.mlp, MoEFFN):
+      y_mlp_BxTxD, moe_aux = self.mlp(self.mlp_norm(x_BxTxD), valid_BxT=ctx.valid_BxT,
+                                      mesh=ctx.mesh)
+      if mode == "parallel":
+        aux.update({f"moe/{name}": v for name, v in moe_aux.items()})
+    else:
+      y_mlp_BxTxD = self.mlp(self.mlp_norm(x_BxTxD))
+    x_BxTxD = x_BxTxD + y_mlp_BxTxD
     if y_ffn_BxTxD is not None:
       x_BxTxD = x_BxTxD + y_ffn_BxTxD
     if mode == "parallel":
@@ -168,18 +185,24 @@ _parallel_block_remat = nnx.remat(_parallel_block)
 
 def layer_spans(config: LMConfig, scan: bool) -> tuple[tuple[int, int], ...]:
   """[start, stop) of each entry of `DecoderLM.blocks`: one layer each, or with `scan`
-  every run of two or more layers without a memory or beside-FFN branch as one."""
+  every run of two or more layers without a memory or beside-FFN branch, and of one
+  FFN kind (dense or MoE: stacked blocks must share their parameter shapes), as one."""
   if not scan:
     return tuple((i, i + 1) for i in range(config.n_layers))
+  n = config.n_layers
   branched = set(config.memory_layers) | set(config.ffn_branch_layers)
+  moe = set(config.moe_layers)
   spans, start = [], 0
-  for i in range(config.n_layers + 1):
-    if i == config.n_layers or i in branched:
-      if i > start:
-        spans.append((start, i))
-      if i < config.n_layers:
-        spans.append((i, i + 1))
+  for i in range(n + 1):
+    if i < n and i not in branched and (i == start or (i in moe) == (start in moe)):
+      continue   # the run from `start` goes on
+    if i > start:
+      spans.append((start, i))
+    if i < n and i in branched:
+      spans.append((i, i + 1))
       start = i + 1
+    else:
+      start = i
   return tuple(spans)
 
 
@@ -219,6 +242,13 @@ class DecoderLM(nnx.Module):
     # PVM / MLP inits equal those of its earlier layout (`branches/<i>`).
     for i in c.ffn_branch_layers:
       self.blocks[i].ffn_branch = nnx.data(make_branch(c.ffn_branch, rngs=rngs))
+    # Memory-slot branches likewise, after the beside-FFN ones: a seed then gives
+    # every arm of a comparison the same backbone init (paired seeds), and models
+    # without memory (the VLM) draw what they drew before. (They were drawn inside
+    # Block, before each layer's attention, until 2026-12: runs of that code have
+    # other backbone inits for memory arms, DESIGN.md §6.3.)
+    for i in c.memory_layers:
+      self.blocks[i].memory = nnx.data(make_branch(c.memory, rngs=rngs))
     if scan:  # stacked after every draw: the same weights as scan=False
       self.blocks = nnx.List([self.blocks[a] if b - a == 1 else _stack(self.blocks[a:b])
                               for a, b in self.layer_spans])
@@ -250,11 +280,15 @@ class DecoderLM(nnx.Module):
                                  context=context)
 
   def forward_embedded(self, x_BxTxD, *, segment_ids=None, positions=None, valid=None,
-                       return_aux=False, context: BranchContext | None = None):
+                       return_aux=False, context: BranchContext | None = None,
+                       layer_adds=()):
     """The forward from input embeddings [B, T, d] (a continuous input path).
 
     `context` carries what branches read besides x (text mask, visual tokens,
     token ids, the probe flag); segment_ids and valid are set from the args.
+    positions: [B, T], or [3, B, T] with `config.mrope_section` (multimodal
+    RoPE). layer_adds: arrays [B, T, d] added to the outputs of layers 0, 1, ...
+    (Qwen3-VL's DeepStack features, zero off the image positions).
     """
     B, T = x_BxTxD.shape[:2]
     if T > self.config.max_len:
@@ -267,10 +301,14 @@ class DecoderLM(nnx.Module):
       x_BxTxD, block_aux = run(block, x_BxTxD, ctx, positions_BxT)
       return x_BxTxD, (block_aux, x_BxTxD if ctx.probe else None)
 
+    _check_layer_adds(layer_adds, self.layer_spans)
     aux = {}
     for block, (start, stop) in zip(self.blocks, self.layer_spans, strict=True):
       if stop - start == 1:
         x_BxTxD, (block_aux, hidden) = body(block, x_BxTxD, None)
+        if start < len(layer_adds):
+          x_BxTxD = x_BxTxD + layer_adds[start].astype(x_BxTxD.dtype)
+          hidden = x_BxTxD if ctx.probe else None
         per_layer = [(start, block_aux, hidden)]
       else:  # aux and hidden states come stacked over the span's layers
         x_BxTxD, (block_aux, hidden) = _scan(block, body, x_BxTxD)
@@ -320,9 +358,14 @@ class DecoderLM(nnx.Module):
                                  segment_ids=segment_ids, cache_len=cache_len, context=context)
 
   def prefill_embedded(self, x_BxTxD, *, lengths=None, segment_ids=None, cache_len=None,
-                       context: BranchContext | None = None):
+                       context: BranchContext | None = None, positions=None, layer_adds=()):
     """`prefill` from input embeddings. The cache continues each row after its
-    last real token, in that token's segment, at the position after it."""
+    last real token, in that token's segment, at the position after it.
+
+    positions, layer_adds: as in `forward_embedded`; with [3, B, T] positions
+    decoding continues at 1 + the largest position of the row's real tokens
+    (transformers' rope deltas), the same for t, h and w.
+    """
     B, T = x_BxTxD.shape[:2]
     cache_len = self.config.max_len if cache_len is None else cache_len
     if T > cache_len:
@@ -330,9 +373,13 @@ class DecoderLM(nnx.Module):
     lengths_B = (jnp.full((B,), T, jnp.int32) if lengths is None
                  else jnp.asarray(lengths, jnp.int32))
     valid_BxT = jnp.arange(T, dtype=jnp.int32)[None, :] < lengths_B[:, None]
-    positions_BxT = default_positions((B, T), segment_ids, None)
+    positions_BxT = default_positions((B, T), segment_ids, positions)
     rows_B = jnp.arange(B)
     last_B = jnp.clip(lengths_B - 1, 0, T - 1)
+    if positions_BxT.ndim == 3:
+      next_B = jnp.where(valid_BxT, positions_BxT.max(0), -1).max(1) + 1
+    else:
+      next_B = positions_BxT[rows_B, last_B] + 1
     key_ok_BxT = valid_BxT
     if segment_ids is not None:
       key_ok_BxT = key_ok_BxT & (segment_ids == segment_ids[rows_B, last_B][:, None])
@@ -343,16 +390,19 @@ class DecoderLM(nnx.Module):
       return block(x_BxTxD, ctx, mode="prefill", positions_BxT=positions_BxT,
                    cache_len=cache_len)
 
+    _check_layer_adds(layer_adds, self.layer_spans)
     layers = []
     for block, (start, stop) in zip(self.blocks, self.layer_spans, strict=True):
       # A span's caches come out of the scan stacked over its layers.
       x_BxTxD, layer_cache = (body(block, x_BxTxD, None) if stop - start == 1
                               else _scan(block, body, x_BxTxD))
+      if stop - start == 1 and start < len(layer_adds):
+        x_BxTxD = x_BxTxD + layer_adds[start].astype(x_BxTxD.dtype)
       layers.append(layer_cache)
     cache = DecodeCache(
         layers=tuple(layers),
         index_B=lengths_B,
-        position_B=positions_BxT[rows_B, last_B] + 1,
+        position_B=next_B.astype(jnp.int32),
         key_ok_BxS=jnp.pad(key_ok_BxT, ((0, 0), (0, cache_len - T))))
     return self.logits(x_BxTxD), cache
 
@@ -397,12 +447,22 @@ class DecoderLM(nnx.Module):
     return self.logits(x_Bx1xD)[:, 0], new_cache
 
 
+def _check_layer_adds(layer_adds, spans) -> None:
+  """Per-layer additions need those layers unstacked (scan=False)."""
+  for start, stop in spans:
+    if stop - start > 1 and start < len(layer_adds):
+      raise ValueError(f"layer_adds reach layers {start}..{stop - 1}, which scan=True "
+                       "stacks; build the model with scan=False.")
+
+
 def default_positions(batch_time, segment_ids, positions):
-  """Explicit positions, else per-segment positions, else 0..T-1."""
+  """Explicit positions ([B, T] or multimodal [3, B, T]), else per-segment
+  positions, else 0..T-1."""
   B, T = batch_time
   if positions is not None:
-    if tuple(positions.shape) != (B, T):
-      raise ValueError(f"positions must have shape {(B, T)}; got {tuple(positions.shape)}.")
+    if tuple(positions.shape) not in ((B, T), (3, B, T)):
+      raise ValueError(f"positions must have shape {(B, T)} or {(3, B, T)}; got "
+                       f"{tuple(positions.shape)}.")
     return positions
   if segment_ids is not None:
     return segment_positions(segment_ids)

@@ -6,6 +6,7 @@
                                   a `vlm` block, else the byte LM)
     tasks/lm.py, evaluate.py, sample.py   the LM task, its evaluation and sampling
     tasks/vlm.py, vlm_loss.py     VLM stage 0, Stage I, Stage II
+    tasks/qwen3vl.py, qwen3vl_data.py   PVM on Qwen3-VL: Stage I, Stage II
     tasks/init_from.py            copying weights from an earlier run
     tasks/metrics.py              the memory branches' metrics protocol
     tasks/checks.py               checks before anything is built
@@ -28,6 +29,9 @@ def make_task(config, workdir, mesh=None):
   before the corpus is read or any parameter allocated.
   """
   check_experiment_config(config)
+  if "qwen3vl" in config:   # a Qwen3-VL stage: its checkpoint sets the size
+    from experiments.tasks.qwen3vl import qwen3vl_task
+    return qwen3vl_task(config, workdir, mesh)
   check_memory(config)
   if "vlm" in config:
     from experiments.tasks.vlm import vlm_task

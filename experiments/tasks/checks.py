@@ -43,6 +43,8 @@ _CHECKS = {
     "data.seq_len": _POSITIVE_INT,
     "data.eval_batches": _POSITIVE_INT,
     "data.max_files": _NONNEG_INT,
+    "data.val_doc_cap": _NONNEG_INT,
+    "data.val_budget": _NONNEG_INT,
     "data.seed": _NONNEG_INT,
     "data.val_fraction": _UNIT_OPEN,
     "optim.lr": _LR,
@@ -76,7 +78,7 @@ def check_experiment_config(config) -> None:
     value = config[block][name]
     if not ok(value):
       raise ValueError(f"{field}={value!r} must be {what}.")
-  if "vlm" not in config and "model" in config and "data" in config:
+  if "vlm" not in config and "qwen3vl" not in config and "model" in config and "data" in config:
     seq_len, max_len = config.data.get("seq_len"), config.model.get("max_len")
     if isinstance(max_len, int) and seq_len > max_len:
       raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={max_len}.")
@@ -142,7 +144,7 @@ def memory_estimate(config) -> int:
   return 3 * param_bytes(config)
 
 
-def memory_plan(config, devices: int) -> dict[str, int]:
+def memory_plan(config, devices: int, *, token_shards: int | None = None) -> dict[str, int]:
   """Bytes per device of parameters, AdamW state and training activations with the
   parameters and optimizer state sharded over `devices` (fsdp) and the global batch
   split over them: a rough plan, from shapes alone, before anything is allocated.
@@ -167,6 +169,8 @@ def memory_plan(config, devices: int) -> dict[str, int]:
   opt = params + (params * mu // jnp.dtype(lm.param_dtype).itemsize if mu else params)
   rows = math.ceil(int(config.data.batch_size) / devices)
   tokens = rows * int(config.data.seq_len)
+  if token_shards is not None:   # a mesh's data·fsdp·seq split of the batch's tokens
+    tokens = math.ceil(int(config.data.batch_size) * int(config.data.seq_len) / token_shards)
   act = jnp.dtype(lm.dtype).itemsize
   per_layer = (14 * lm.d_model + 3 * lm.ffn_dim) * act
   kept = (lm.n_layers * lm.d_model * act + per_layer) if lm.remat else lm.n_layers * per_layer

@@ -21,7 +21,7 @@ def evaluate_checkpoint(workdir, *, step: int | None = None, max_batches: int | 
   """
   import ml_collections
 
-  from experiments.data import eval_batches, load_corpus  # needs grain
+  from experiments.data import eval_batches, load_corpus, validation  # needs grain
   from experiments.data.corpus import corpus_spec
   from experiments.data.tokens import run as token_run
   from experiments.models.layout import placement_rules
@@ -35,10 +35,13 @@ def evaluate_checkpoint(workdir, *, step: int | None = None, max_batches: int | 
   config = ml_collections.ConfigDict(saved["experiment"])
   dc = config.data
   if token_run.data_kind(config) == "tokens":   # the manifest's validation split
-    batches = token_run.eval_data(config, workdir, max_batches or dc.eval_batches)
-  else:
-    batches = eval_batches(load_corpus(corpus_spec(config)), seq_len=dc.seq_len,
-                           batch_size=dc.batch_size, max_batches=max_batches or dc.eval_batches)
+    batches = token_run.eval_data(config, workdir, max_batches)
+  else:   # the per-document set when the run has data.val_doc_cap (validation.py)
+    corpus = load_corpus(corpus_spec(config))
+    batches, _ = validation.config_batches(
+        corpus.val_docs, corpus.val_paths, dc, max_batches=max_batches,
+        default=lambda: eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                                     max_batches=max_batches or dc.eval_batches))
   if not mesh:
     return evaluate_model(model, batches), used_step
   device_mesh = placement.make_train_mesh(mesh)

@@ -3,7 +3,8 @@
 Loss: mean cross entropy in nats over tokens whose target lies in the same
 document (`loss_mask`); bits per byte = nats / ln 2, since a token is a byte.
 Evaluation: validation bits per byte over fixed batches, plus the metrics of
-every memory layer (experiments/tasks/metrics.py). With `init_from` the model
+every memory layer and every MoE layer's expert load (experiments/tasks/metrics.py;
+MoE layers add their weighted balance losses to the training loss). With `init_from` the model
 starts from another run's backbone (experiments/tasks/init_from.py). On a
 device mesh the forward is traced with `BranchContext(mesh=mesh)`, so Lngram
 layers run their sharded form (experiments/models/layout.py).
@@ -16,22 +17,24 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
-from experiments.data import load_corpus
+from experiments.data import load_corpus, validation
 from experiments.data.corpus import corpus_spec, record_manifest
 from experiments.data.tokens import run as token_run
 from experiments.hf.backbone import with_hf_backbone
-from experiments.models import DecoderLM, layout
+from experiments.models import DecoderLM, layout, moe
 from experiments.models.branches import BranchContext
 from experiments.models.config import lm_config
+from experiments.models.moe_parallel import check_expert_axis
 from experiments.tasks import checks, metrics
 from experiments.tasks.init_from import insert_into
 from experiments.tasks.saved import resume_check, saved_config
 from experiments.trainer import Task
 from experiments.trainer.placement import process_rows, put_batch
-from experiments.trainer.step import WEIGHT
+from experiments.trainer.step import RULE_UPDATES, WEIGHT
 
 LN2 = math.log(2.0)
 
@@ -61,10 +64,20 @@ def lm_loss(model, batch, *, mesh=None):
   loss_sum = (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum()
   loss = loss_sum / jnp.maximum(mask_BxT.sum(), 1.0)
   extra_loss, train_metrics = metrics.loss_terms(aux)
+  # MoE layers: Σ balance_coef · balance_loss, and the aux-loss-free routing biases'
+  # next values, which the step writes over the optimiser's update (RULE_UPDATES).
+  total = loss + extra_loss
+  if model.config.moe_layers:
+    moe_loss, moe_metrics = metrics.moe_loss_terms(aux, model.config.moe)
+    total = total + moe_loss
+    train_metrics = {**train_metrics, **moe_metrics}
+    rule_updates = moe.routing_bias_updates(model, aux)
+    if rule_updates:
+      train_metrics[RULE_UPDATES] = rule_updates
   # WEIGHT: the tokens averaged over, so gradient accumulation weighs micro-batches
   # by them and reproduces the full batch's mean (experiments/trainer/step.py).
-  return loss + extra_loss, {"train/bits_per_byte": loss / LN2, **train_metrics,
-                             WEIGHT: mask_BxT.sum()}
+  return total, {"train/bits_per_byte": loss / LN2, **train_metrics,
+                 WEIGHT: mask_BxT.sum()}
 
 
 def make_eval_step(graphdef, *, mesh=None):
@@ -75,25 +88,37 @@ def make_eval_step(graphdef, *, mesh=None):
     model = nnx.merge(graphdef, params)
     logits_BxTxV, aux = _forward(model, batch, return_aux=True, mesh=mesh)
     mask_BxT = batch["loss_mask"].astype(jnp.float32)
-    sums = {"loss_sum": (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum(),
-            "tokens": mask_BxT.sum()}
+    nats_BxT = token_losses(logits_BxTxV, batch["targets"]) * mask_BxT
+    # Per-row sums too: a validation row holds one document (experiments/data/validation.py).
+    sums = {"loss_sum": nats_BxT.sum(), "tokens": mask_BxT.sum(),
+            "row_nats": nats_BxT.sum(axis=1), "row_tokens": mask_BxT.sum(axis=1)}
     # Padding rows of the last eval batch have segment id 0.
     valid_BxT = batch["segment_ids"] > 0
     memory_sums = metrics.accumulate(model, aux, valid_BxT, batch["segment_ids"])
     if memory_sums:
       sums["memory"] = memory_sums
+    moe_sums = metrics.moe_sums(aux)   # MoE layers: each expert's load
+    if moe_sums:
+      sums["moe"] = moe_sums
     return sums
 
   return evaluate
 
 
 def evaluate_batches(eval_step, params, batches, memory_config=None, *,
-                     mesh=None) -> dict[str, float]:
+                     mesh=None, per_doc: dict | None = None) -> dict[str, float]:
   """Validation loss (nats and bits per byte) and memory-branch metrics over `batches`;
-  `mesh`: where the batches go (the eval step's mesh), None: as they are."""
+  `mesh`: where the batches go (the eval step's mesh), None: as they are.
+
+  Batches of the per-document validation set carry `doc` [B] (each row's document,
+  -1 on padding); with `per_doc` (a dict) their sums per document are stored in it
+  as float64 arrays `nats` and `tokens`."""
   loss_sum = tokens = 0.0
-  memory_stats = None
+  memory_stats = moe_stats = None
+  doc_nats, doc_tokens = {}, {}
   for batch in batches:
+    doc_B = batch.get("doc")
+    batch = {k: v for k, v in batch.items() if k != "doc"}   # host-side only
     if layout.sharded(mesh) is not None:   # on a mesh: the batch in its shards
       batch = put_batch(batch, mesh)
     sums = eval_step(params, batch)
@@ -103,12 +128,26 @@ def evaluate_batches(eval_step, params, batches, memory_config=None, *,
     sums = jax.device_get(sums)
     loss_sum += float(sums["loss_sum"])
     tokens += float(sums["tokens"])
+    if doc_B is not None:
+      for d, n, t in zip(np.asarray(doc_B), np.asarray(sums["row_nats"], np.float64),
+                         np.asarray(sums["row_tokens"], np.float64), strict=True):
+        if d >= 0:
+          doc_nats[int(d)] = doc_nats.get(int(d), 0.0) + float(n)
+          doc_tokens[int(d)] = doc_tokens.get(int(d), 0.0) + float(t)
     if "memory" in sums:
       memory_stats = metrics.merge(memory_stats, sums["memory"])
+    if "moe" in sums:
+      moe_stats = metrics.merge(moe_stats, sums["moe"])
+  if per_doc is not None and doc_nats:
+    n_docs = max(doc_nats) + 1
+    per_doc["nats"] = np.array([doc_nats.get(d, 0.0) for d in range(n_docs)])
+    per_doc["tokens"] = np.array([doc_tokens.get(d, 0.0) for d in range(n_docs)])
   loss = loss_sum / max(tokens, 1.0)
   out = {"eval/loss": loss, "eval/bits_per_byte": loss / LN2, "eval/tokens": tokens}
   if memory_stats is not None:
     out |= metrics.summarise(memory_config, memory_stats)
+  if moe_stats is not None:
+    out |= metrics.summarise_moe(moe_stats)
   return out
 
 
@@ -140,6 +179,7 @@ def lm_task(config, workdir, mesh=None) -> Task:
     model_cfg = token_run.model_vocab(model_cfg, data.vocab_size)
     batches, val_batches, about, unit = (data.batches, data.val_batches, data.description,
                                          "token")
+    val_names = data.val_names
   else:
     corpus = load_corpus(corpus_spec(config))
     allow_change = bool(dc.get("allow_corpus_change", False))
@@ -148,8 +188,10 @@ def lm_task(config, workdir, mesh=None) -> Task:
     batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
                             seed=dc.seed, rows=None if rows is None else rows[:2],
                             allow_corpus_change=allow_change)
-    val_batches = eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
-                               max_batches=dc.eval_batches)
+    val_batches, val_names = validation.config_batches(
+        corpus.val_docs, corpus.val_paths, dc,
+        default=lambda: eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                                     max_batches=dc.eval_batches))
     about = f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation bytes"
   model = DecoderLM(model_cfg, rngs=nnx.Rngs(params=config.train.seed))
   inserted = ""
@@ -163,16 +205,30 @@ def lm_task(config, workdir, mesh=None) -> Task:
   def check_mesh(mesh):
     checks.check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len,
                       memory=model_cfg.memory)
+    if model_cfg.moe_layers:   # each `expert` device holds whole experts
+      check_expert_axis(model_cfg.moe.n_experts, mesh)
+
+  last_docs: dict = {}   # the latest evaluation's per-document sums
 
   def evaluate(module):
     return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),
-                            val_batches, model_cfg.memory, mesh=mesh)
+                            val_batches, model_cfg.memory, mesh=mesh, per_doc=last_docs)
+
+  def finish(module, summary):
+    # The final evaluation's loss per validation document, for paired document-level
+    # statistics (experiments/stats.py); evaluate ran at the last step just before.
+    del module
+    if val_names is None or not last_docs or jax.process_index() != 0:
+      return {}
+    path = validation.write_per_doc(summary["workdir"], summary["step"], unit, val_names,
+                                    last_docs["nats"], last_docs["tokens"])
+    return {"per_doc": str(path)}
 
   saved = saved_config("lm", config, model_cfg)
   return Task(
       module=model, saved_config=saved,
       batches=batches, loss=functools.partial(lm_loss, mesh=mesh), optim=config.optim,
-      phases=(config.train.steps,), evaluate=evaluate,
+      phases=(config.train.steps,), evaluate=evaluate, finish=finish,
       headline=lambda r: f"validation {r['eval/bits_per_byte']:.4f} bits/{unit}",
       tokens_per_step=dc.batch_size * dc.seq_len, check_mesh=check_mesh,
       check_resume=resume_check(config, saved),

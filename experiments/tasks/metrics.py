@@ -84,3 +84,54 @@ def summarise(memory_config, stats: dict) -> dict[str, float]:
     for name, value in kind.module.summarise_metrics(sums).items():
       out[f"{kind.name}/{layer}/{name}"] = float(value)
   return out
+
+
+# --- the MoE FFN (experiments/models/moe.py) -------------------------------------------------
+# Its layers report `moe/<layer>/balance_loss` (E·Σ load·P, 1 when balanced) and
+# `moe/<layer>/expert_load` [E] (the share of routed slots per expert) in aux.
+
+
+def moe_layers(aux: dict) -> list[int]:
+  return sorted({int(k.split("/")[1]) for k in aux
+                 if k.startswith("moe/") and k.endswith("/balance_loss")})
+
+
+def moe_loss_terms(aux: dict, moe_config):
+  """(Σ_layers balance_coef · balance_loss, train metrics): `train/moe_balance_loss`
+  (the layers' mean, unweighted) and `train/moe/<layer>/load_max` / `load_min`."""
+  layers = moe_layers(aux)
+  if not layers:
+    return jnp.zeros((), jnp.float32), {}
+  losses = [aux[f"moe/{i}/balance_loss"].astype(jnp.float32) for i in layers]
+  out = {"train/moe_balance_loss": sum(losses) / len(losses)}
+  for i in layers:
+    load_E = aux[f"moe/{i}/expert_load"]
+    out[f"train/moe/{i}/load_max"] = jnp.max(load_E)
+    out[f"train/moe/{i}/load_min"] = jnp.min(load_E)
+  return moe_config.balance_coef * sum(losses), out
+
+
+def moe_sums(aux: dict) -> dict:
+  """Per-batch values `<layer>/{load, balance_loss, batches}` (inside jit) that
+  `merge` sums; every eval batch has the same shape, so each weighs the same."""
+  out = {}
+  for i in moe_layers(aux):
+    out[f"{i}/load"] = aux[f"moe/{i}/expert_load"].astype(jnp.float32)
+    out[f"{i}/balance_loss"] = aux[f"moe/{i}/balance_loss"].astype(jnp.float32)
+    out[f"{i}/batches"] = jnp.ones((), jnp.float32)
+  return out
+
+
+def summarise_moe(stats: dict) -> dict[str, float]:
+  """`moe/<layer>/load/<e>` (every expert's share of the routed slots: the full
+  vector), `moe/<layer>/load_max`, `load_min` and `balance_loss`, over the batches."""
+  out = {}
+  for layer in sorted({int(k.split("/", 1)[0]) for k in stats}):
+    n = max(float(stats[f"{layer}/batches"]), 1.0)
+    load_E = np.asarray(stats[f"{layer}/load"], np.float64) / n
+    for e, value in enumerate(load_E):
+      out[f"moe/{layer}/load/{e}"] = float(value)
+    out[f"moe/{layer}/load_max"] = float(load_E.max())
+    out[f"moe/{layer}/load_min"] = float(load_E.min())
+    out[f"moe/{layer}/balance_loss"] = float(stats[f"{layer}/balance_loss"]) / n
+  return out

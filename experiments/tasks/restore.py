@@ -35,6 +35,10 @@ def build_trained(saved: dict, rngs: nnx.Rngs):
     from experiments.vlm.config import VLMConfig
     from experiments.vlm.model import VLM
     model = VLM(VLMConfig.from_dict(saved["model"]), rngs=rngs)
+  elif kind == "qwen3vl":
+    from experiments.qwen3vl.config import Qwen3VLConfig
+    from experiments.qwen3vl.model import Qwen3VL
+    model = Qwen3VL(Qwen3VLConfig.from_dict(saved["model"]), rngs=rngs)
   else:
     raise CheckpointError(f"unknown run kind {kind!r} in the checkpoint's config.")
   trained = saved.get("trained") or {}

@@ -8,12 +8,12 @@ import json
 def saved_config(kind: str, config, model_config, trained: dict | None = None) -> dict:
   """What a checkpoint stores: {"kind", "experiment", "model", "trained"}.
 
-  `kind` ("lm" or "vlm") says which model `experiments.restore` rebuilds;
+  `kind` ("lm", "vlm" or "qwen3vl") says which model `experiments.restore` rebuilds;
   `trained` describes a training-only wrapper around the model (e.g. the
   stage-0 cell head) so that `restore` can rebuild the saved tree.
   """
-  if kind not in ("lm", "vlm"):
-    raise ValueError(f"saved_config: kind={kind!r} is not 'lm' or 'vlm'.")
+  if kind not in ("lm", "vlm", "qwen3vl"):
+    raise ValueError(f"saved_config: kind={kind!r} is not 'lm', 'vlm' or 'qwen3vl'.")
   return {"kind": kind, "experiment": json.loads(config.to_json_best_effort()),
           "model": model_config.to_dict(), "trained": trained or {}}
 

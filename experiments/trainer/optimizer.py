@@ -20,6 +20,16 @@ state (DESIGN.md §2, "optimiser groups"; paper Table 13):
             gradient is zeroed before clipping and their update is
             `optax.set_to_zero`, so they stay bit-for-bit unchanged and hold
             no Adam moments.
+            `optim.freeze` (optional, a tuple or comma-separated names) adds
+            every parameter with one of those path components, e.g.
+            "router_w": the random-router control of the ID analyses (the
+            Lngram router stays at its init, so its codes are a fixed random
+            projection of the layer input).
+  gate      only with `optim.gate_lr_mult` > 0 (opt-in): the beside-FFN
+            branch's scalar gate λ (`.../ffn_branch/gate`) at that multiple
+            of the base learning rate, no weight decay. λ starts at 0 and Adam
+            moves it by about the learning rate per step, so at the branch's
+            LR it can stay too small for the branch to act (DESIGN.md §5.2).
 Clipping is one global norm over the trainable leaves, before the per-group
 updates.
 
@@ -80,14 +90,40 @@ def backbone_lr(optim) -> float:
   return float(optim.get("backbone_lr", 0.0) or 0.0) if optim is not None else 0.0
 
 
+def frozen_names(optim) -> tuple[str, ...]:
+  """`optim.freeze`: path components whose parameters stay at init (absent: none)."""
+  names = optim.get("freeze", ()) if optim is not None else ()
+  if isinstance(names, str):
+    names = names.split(",")
+  return tuple(str(n) for n in names if str(n))
+
+
+def gate_lr_mult(optim) -> float:
+  """`optim.gate_lr_mult` (absent or 0: the gate stays in its usual group)."""
+  return float(optim.get("gate_lr_mult", 0.0) or 0.0) if optim is not None else 0.0
+
+
+def is_gate(path: tuple[str, ...]) -> bool:
+  """The beside-FFN branch's scalar gate λ (PVM and the iso-parameter MLP)."""
+  return "ffn_branch" in path and path[-1] == "gate"
+
+
 def param_labels(params, trainable: Callable[[str], bool] | None = None, optim=None) -> dict:
   """A tree like `params` holding each leaf's group name (or "frozen"); `optim`: the
-  optim block, whose `backbone_lr` > 0 selects the backbone groups."""
+  optim block, whose `backbone_lr` > 0 selects the backbone groups, `freeze` freezes
+  parameters by name and `gate_lr_mult` > 0 gives the branch gate its own group."""
   group = backbone_group if backbone_lr(optim) > 0 else param_group
+  frozen = frozen_names(optim)
+  gate = gate_lr_mult(optim) > 0
   def label(path, _):
+    names = path_names(path)
     if trainable is not None and not trainable(path_str(path)):
       return FROZEN
-    return group(path_names(path))
+    if any(n in frozen for n in names):
+      return FROZEN
+    if gate and is_gate(names):
+      return "gate"
+    return group(names)
   return jax.tree_util.tree_map_with_path(label, params)
 
 
@@ -95,7 +131,8 @@ def group_sizes(params, trainable: Callable[[str], bool] | None = None,
                 optim=None) -> dict[str, int]:
   """Parameter count per group (for the run log)."""
   names = GROUPS + (BACKBONE_GROUPS if backbone_lr(optim) > 0 else ())
-  sizes = dict.fromkeys(names + ((FROZEN,) if trainable else ()), 0)
+  names += ("gate",) if gate_lr_mult(optim) > 0 else ()
+  sizes = dict.fromkeys(names + ((FROZEN,) if trainable or frozen_names(optim) else ()), 0)
   labels = jax.tree.leaves(param_labels(params, trainable, optim))
   for label, leaf in zip(labels, jax.tree.leaves(params), strict=True):
     sizes[label] += int(leaf.size)
@@ -108,6 +145,9 @@ def learning_rate_schedule(optim, total_steps: int, *, multiplier: float = 1.0,
   min_ratio·peak (default `min_lr_ratio`)."""
   peak = optim.lr * multiplier if peak is None else peak
   min_ratio = optim.min_lr_ratio if not min_ratio else min_ratio
+  # optim.schedule_steps > 0: the schedule of a run that long, whatever the steps trained
+  # (a longer cosine stopped early: the Lngram v2 paper's App. A.5). Absent / 0: off.
+  total_steps = int(optim.get("schedule_steps", 0) or 0) or total_steps
   frac = float(optim.get("warmup_frac", 0.0) or 0.0)
   if frac > 0:
     # The VLM recipe: a share of each phase (at least one step).
@@ -156,8 +196,14 @@ def make_optimizer(optim, params, total_steps: int, *,
                                       min_ratio=optim.get("backbone_min_lr_ratio", None))
     transforms |= {"backbone": adamw(backbone, optim.weight_decay),
                    "backbone_no_decay": adamw(backbone, 0.0)}
+  if gate_lr_mult(optim) > 0:
+    gate = learning_rate_schedule(optim, total_steps, multiplier=gate_lr_mult(optim))
+    transforms["gate"] = adamw(gate, 0.0)
+  label_leaves = jax.tree.leaves(labels)
+  if frozen_names(optim) and FROZEN not in label_leaves:
+    raise ValueError(f"optim.freeze={frozen_names(optim)} names no parameter of the model.")
   chain = [optax.clip_by_global_norm(optim.clip_norm)]
-  if trainable is not None:
+  if trainable is not None or FROZEN in label_leaves:
     # Frozen gradients are zeroed first so the global norm is that of the
     # trainable leaves alone.
     frozen = jax.tree.map(lambda label: label == FROZEN, labels)

@@ -6,9 +6,11 @@
     mesh.seq    time (a task whose batches are token sequences may split it:
                 the LM's context parallelism); XLA partitions the rest
     mesh.table  memory tables by rows, as the task's placement rules say
+    mesh.expert the MoE FFN's routed experts (expert parallelism: the task's rules
+                split their expert dimension; experiments/models/moe_parallel.py)
 
 Each size is a positive int or -1 (the devices the others leave; at most one -1).
-On one process the mesh takes the first data·fsdp·seq·table devices; across
+On one process the mesh takes the first data·fsdp·seq·table·expert devices; across
 processes it must span them all. All sizes 1 (the default) is a one-device mesh.
 
 Placement is by parameter path (`param_specs`): the task's rule first (a
@@ -33,7 +35,9 @@ from jax.sharding import PartitionSpec as P
 
 log = logging.getLogger("experiments")
 
-AXES = ("data", "fsdp", "seq", "table")   # the training mesh's axes, in this order
+# The training mesh's axes, in this order; `expert` last (innermost: its psum stays
+# between neighbouring devices), size 1 unless asked, so older meshes are unchanged.
+AXES = ("data", "fsdp", "seq", "table", "expert")
 BATCH_AXES = ("data", "fsdp")
 
 
@@ -94,7 +98,7 @@ def _describe(sizes: Mapping[str, int]) -> str:
 
 
 def make_train_mesh(block: Mapping | None, devices=None) -> Mesh:
-  """The (data, fsdp, seq, table) mesh of a `mesh` block.
+  """The (data, fsdp, seq, table, expert) mesh of a `mesh` block.
 
   With no -1 and fewer devices than this process has, the mesh takes the first
   ones: all ones (the default) is the one-device run, `data=4` on an 8-device

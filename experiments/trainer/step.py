@@ -16,6 +16,13 @@ averaged with weights: a loss hook that reports `WEIGHT` (its loss's
 denominator, e.g. the tokens it averaged over) gets Σ w_i·loss_i / Σ w_i, the
 full batch's mean exactly (up to float reassociation); otherwise micro-batches
 weigh equally. One optimiser update per step either way.
+
+Parameters set by a rule instead of the optimiser (the MoE FFN's routing bias,
+which no gradient reaches: experiments/models/moe.py): a loss hook may report
+`RULE_UPDATES`, a pure-dict subtree of the parameters holding their next
+values, computed from the step's forward; they replace whatever the optimiser
+did to those leaves. With gradient accumulation they are the micro-batches'
+weighted mean, like every metric.
 """
 
 from __future__ import annotations
@@ -26,6 +33,18 @@ import optax
 from flax import nnx
 
 WEIGHT = "weight"   # a loss hook's metric: the denominator of its mean loss
+RULE_UPDATES = "rule_updates"   # a loss hook's metric: next values of rule-set parameters
+
+
+def overlay(params, updates):
+  """`params` with the leaves named in the pure-dict subtree `updates` replaced
+  (cast to their dtypes)."""
+  if not isinstance(updates, dict):
+    return jnp.asarray(updates).astype(params.dtype)
+  params = dict(params)
+  for key, sub in updates.items():
+    params[key] = overlay(params[key], sub)
+  return params
 
 
 def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
@@ -77,8 +96,11 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
       extra = {k: v for k, v in extra.items() if k != WEIGHT}
     else:
       (loss, extra), grads = accumulated(state["params"], rest, batch)
+    rules = extra.pop(RULE_UPDATES, None)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
+    if rules is not None:   # after the gradient step, outside the gradient
+      params = overlay(params, jax.lax.stop_gradient(rules))
     metrics = {
         "train/loss": loss,
         **extra,

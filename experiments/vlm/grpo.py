@@ -13,6 +13,8 @@ reference policy); β = 0 by default, as the paper, and then no reference
 forward is run. std is the population std of the group. The optimiser is the
 one of every run with a constant learning rate (vlm.grpo.lr, no weight decay)
 on the trainable mask of vlm.stage.trainable (default lm+branch).
+`policy_hooks` holds what does not depend on the model (Qwen3-VL's Stage II,
+experiments/qwen3vl/grpo.py, uses it too); `grpo_hooks` is the tiny VLM's.
 """
 
 from __future__ import annotations
@@ -69,49 +71,67 @@ def grpo_objective(logp_BxN, old_logp_BxN, adv_B, mask_BxN, *, clip_eps: float =
   return -jnp.mean(per_seq)
 
 
-def grpo_hooks(data, grpo, *, seed: int, ref_model=None):
-  """(prepare, loss) hooks of Stage II for the one loop.
+def policy_hooks(sample, score, token_logp_of, grpo, *, seed: int, eos: int, ref_model=None):
+  """(prepare, loss) hooks of Stage II for the one loop, for any policy model.
 
-  `prepare(model, batch, step)` runs on the host with the current policy: it
-  samples the group's completions (KV + visual caches, step s draws with
-  fold_in(key(seed), s - 1)), scores them (`rewards`) and turns the rewards
-  into group-relative advantages. `loss(model, batch)` is the GRPO objective
-  of those completions under the policy being trained, with the sampled
-  log-probs as π_old; it reports the mean reward as train/reward.
-  `batch` comes from a SceneSampler in "prompts" mode (rows idx, grouped).
+  `sample(model, batch, rng) -> (batch', tokens_BxN, logp_BxN)` draws the
+  group's completions on the host with the current policy (step s draws with
+  fold_in(key(seed), s - 1)) and returns what the loss needs besides them;
+  `score(tokens_BxN, batch) -> rewards [B]`; `token_logp_of(model, batch')`
+  is log π of `batch'["completion"]`, traceable. `prepare` turns the rewards
+  into group-relative advantages (rows g·G..g·G+G-1 are one group); `loss` is
+  the GRPO objective of those completions under the policy being trained, with
+  the sampled log-probs as π_old, and reports the mean reward as train/reward.
+  Tokens after a row's first `eos` are masked out.
   """
   key = jax.random.key(seed)
   G = grpo.group_size
+  ref_logp = nnx.jit(token_logp_of) if grpo.kl_coef else None
 
   def prepare(model, batch, step):
-    images = jnp.asarray(batch["images"])
-    prompt_BxT, lengths_B = jnp.asarray(batch["tokens"]), jnp.asarray(batch["lengths"])
-    tokens_BxN, old_logp_BxN = generate(
-        model, prompt_BxT, prompt_lengths=lengths_B, images=images,
-        max_new_tokens=grpo.max_new_tokens, rng=jax.random.fold_in(key, step - 1),
-        temperature=grpo.temperature, return_logp=True)
-    texts = [decode(t) for t in np.asarray(tokens_BxN)]
-    answers = [data.examples[j]["answer"] for j in batch["idx"]]
-    r = np.asarray(rewards(texts, answers), np.float32)
+    out, tokens_BxN, old_logp_BxN = sample(model, batch, jax.random.fold_in(key, step - 1))
+    r = np.asarray(score(tokens_BxN, batch), np.float32)
     adv_B = group_advantages(r.reshape(-1, G)).reshape(-1)
-    out = {"images": images, "prompt": prompt_BxT, "lengths": lengths_B,
-           "completion": tokens_BxN, "old_logp": old_logp_BxN, "adv": adv_B,
-           "mask": completion_mask(tokens_BxN, EOS), "reward": r}
+    out = {**out, "completion": tokens_BxN, "old_logp": old_logp_BxN, "adv": adv_B,
+           "mask": completion_mask(tokens_BxN, eos), "reward": r}
     if grpo.kl_coef:
-      out["ref_logp"] = _token_logp_jit(ref_model, images, prompt_BxT, lengths_B, tokens_BxN)
+      out["ref_logp"] = ref_logp(ref_model, out)
     return out
 
   def loss(model, batch):
-    logp_BxN = token_logp(model, batch["images"], batch["prompt"], batch["lengths"],
-                          batch["completion"])
-    value = grpo_objective(logp_BxN, batch["old_logp"], batch["adv"], batch["mask"],
-                           clip_eps=grpo.clip_eps, kl_coef=grpo.kl_coef,
+    value = grpo_objective(token_logp_of(model, batch), batch["old_logp"], batch["adv"],
+                           batch["mask"], clip_eps=grpo.clip_eps, kl_coef=grpo.kl_coef,
                            ref_logp_BxN=batch.get("ref_logp"))
     return value, {"train/reward": jnp.mean(batch["reward"])}
 
   return prepare, loss
 
 
-@nnx.jit
-def _token_logp_jit(model, images, prompt_BxT, lengths_B, completion_BxN):
-  return token_logp(model, images, prompt_BxT, lengths_B, completion_BxN)
+def grpo_hooks(data, grpo, *, seed: int, ref_model=None):
+  """(prepare, loss) hooks of the tiny VLM's Stage II (`policy_hooks`).
+
+  Sampling runs with the KV + visual caches; rewards compare the decoded
+  completions with the scenes' answers. `batch` comes from a SceneSampler in
+  "prompts" mode (rows idx, grouped).
+  """
+
+  def sample(model, batch, rng):
+    images = jnp.asarray(batch["images"])
+    prompt_BxT, lengths_B = jnp.asarray(batch["tokens"]), jnp.asarray(batch["lengths"])
+    tokens_BxN, old_logp_BxN = generate(
+        model, prompt_BxT, prompt_lengths=lengths_B, images=images,
+        max_new_tokens=grpo.max_new_tokens, rng=rng, temperature=grpo.temperature,
+        return_logp=True)
+    return {"images": images, "prompt": prompt_BxT, "lengths": lengths_B}, tokens_BxN, \
+        old_logp_BxN
+
+  def score(tokens_BxN, batch):
+    texts = [decode(t) for t in np.asarray(tokens_BxN)]
+    return rewards(texts, [data.examples[j]["answer"] for j in batch["idx"]])
+
+  def token_logp_of(model, batch):
+    return token_logp(model, batch["images"], batch["prompt"], batch["lengths"],
+                      batch["completion"])
+
+  return policy_hooks(sample, score, token_logp_of, grpo, seed=seed, eos=EOS,
+                      ref_model=ref_model)

@@ -18,11 +18,21 @@ ARGS = {"lm_lngram.py": ["", "smoke", "r64,onebit", "r16,ste,smoke", "none",
         "lm_lngram_v1.py": ["", "smoke", "exact,mem8", "none,smoke"],
         "lm_sparse_ffn.py": ["", "smoke", "matched-to=r64", "matched-to=r64,dense,smoke"],
         "lm_baseline.py": ["", "smoke"],
+        "repro_lm.py": ["", "bytes,baseline,smoke", "tokens,engram", "bytes,sparse_ffn",
+                        "bytes,lngram_r16,insert_low,smoke", "tokens,lngram_v1_paper,gpu"],
         "vlm_base.py": ["", "smoke", "s3"],
         "vlm_pvm_sft.py": ["", "smoke", "mlp", "hidden,d32,l0.2", "none,smoke"],
         "vlm_pvm_grpo.py": ["", "smoke", "mlp,smoke"],
+        "qwen3vl_pvm_sft.py": ["", "4b", "smoke"],
+        "qwen3vl_pvm_grpo.py": ["", "4b", "smoke"],
+        "vlm_long_base.py": ["", "smoke", "s1"],
+        "vlm_long_sft.py": ["", "smoke", "mlp,s1", "none,smoke"],
+        "lm_lngram_random_router.py": ["", "smoke", "r64"],
         "hf_lngram.py": ["", "smoke", "pkm", "engram", "v1", "sparse_ffn", "none",
-                         "engram,smoke", "none,smoke"]}
+                         "engram,smoke", "none,smoke"],
+        "moe06b_baseline.py": ["", "smoke"],
+        "moe06b_lngram_v1.py": ["", "smoke", "exact,smoke"],
+        "moe06b_lngram_v2.py": ["", "smoke", "r64", "r192", "r16,ste", "r64,ste,smoke"]}
 
 # hf_lngram.py's backbone shape fields are 0 ("from config.json"): it converts once
 # resolved against a checkpoint's config.json, as `train --config.init_from=hf:DIR`
@@ -60,9 +70,31 @@ def test_known_config_files():
   assert set(FILES) == set(ARGS)
 
 
+def _check_qwen3vl(config, arg):
+  """The paper's layers for 8B / 4B (a checkpoint is required: refused without one);
+  the smoke model converts with the tiny processor and round-trips through JSON."""
+  from experiments.qwen3vl.config import Qwen3VLConfig
+  from experiments.tasks.qwen3vl import check_qwen3vl_config, param_count
+  q = config.qwen3vl
+  if arg != "smoke":
+    assert tuple(q.pvm.layers) == ((5, 11, 17) if arg == "4b" else (8, 16, 24))
+    assert q.pvm.latent_dim == 512 and config.plan_devices == 8
+    if q.stage.name == "sft":
+      with pytest.raises(ValueError, match="qwen3vl.hf_dir is empty"):
+        check_qwen3vl_config(config)
+    return
+  _, model = param_count(config)
+  assert Qwen3VLConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
+  assert model.text.ffn_branch_layers == (1,) and model.text.d_model <= 64
+  assert config.train.steps <= 10
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_config_file_loads_and_converts(name, tiny_hf_dir):
   for arg in ARGS[name]:
+    if "qwen3vl" in _load(name, arg):   # PVM on Qwen3-VL: its own conversion
+      _check_qwen3vl(_load(name, arg), arg)
+      continue
     config = _resolved(_load(name, arg), tiny_hf_dir)
     if "vlm" in config:
       model = vlm_config(config)

@@ -1,393 +1,288 @@
-"""The reproduction plan (experiments.reproduce), the runs it wrote (experiments.results) and
-its report (experiments.report, experiments.report_analyses)."""
+"""The reproduction queue (experiments.reproduce), the runs it wrote (experiments.results)
+and its summary table (experiments.report): paired seeds, stale runs, verdicts from run files."""
 
 import json
-import statistics
+import math
 
-from experiments import report, report_analyses, reproduce, results
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import report, reproduce, results, stats
 from experiments.configs import load_config
-from experiments.models import lm_config
+from experiments.data.validation import write_per_doc
+from experiments.models import DecoderLM, lm_config, params
 
 
-def test_plan_commands_are_valid_and_distinct():
+def test_plan_seeds_settings_and_commands():
   runs = reproduce.plan()
-  assert len({r.key for r in runs}) == len(runs)
-  keys = {r.key for r in runs}
+  keys = [r.key for r in runs]
+  assert len(set(keys)) == len(keys)
+  for setting in reproduce.SETTINGS:
+    for arm in reproduce.ARMS[setting]:
+      seeds = sorted(r.seed for r in runs if r.experiment == setting and r.name == arm)
+      assert seeds == list(range(5 if arm in reproduce.FIVE_SEEDS else 3)), (setting, arm)
   for run in runs:
-    lm_config(load_config(f"{reproduce.CONFIGS}/{run.config}"))
     assert run.after is None or run.after in keys
     command = run.command()
     assert command[:2] == ["lngram-exp", "train"]
     assert f"--config.train.seed={run.seed}" in command
-  main = [r for r in runs if r.experiment == "main"]
-  assert {r.name for r in main} == {"baseline", "lngram_r16", "lngram_r64", "lngram_v1", "pkm",
-                                    "engram", "sparse_ffn"}
-  assert all(sorted(r.seed for r in main if r.name == n) == [0, 1, 2] for n in {"pkm"})
+    assert f"--config.data.seed={run.data_seed}" in command
+    assert ("--config.data.path=runs/repro/tokens/data" in command) == (run.experiment == "tokens")
+  inserted = {r.name: r for r in runs if r.after == "bytes/baseline_s1"}
+  assert sorted(inserted) == sorted(reproduce.INSERTION_ARMS)
+  assert {r.data_seed for r in inserted.values()} == {1001}          # paired with each other
+  assert all("--config.init_from=runs/repro/bytes/baseline_s1" in r.command()
+             for r in inserted.values())
+  assert set(reproduce.INSERTION_PAIR) <= set(keys)
+  smoke = runs[0].command("/tmp/x", smoke=True)
+  assert smoke[2].endswith(",smoke") and "--workdir=/tmp/x/bytes/baseline_s0" in smoke
 
 
-def _fake_run(root, key, finals, steps=600):
-  experiment, name = key.split("/")
-  workdir = root / experiment / name
+def test_every_distinct_config_loads_and_insertion_lowers_only_the_backbone_lr():
+  for config in sorted({r.config for r in reproduce.plan() if r.experiment in reproduce.SETTINGS}):
+    c = load_config(f"{reproduce.CONFIGS}/{config}")
+    if c.data.kind == "tokens":
+      c.model.vocab_size = reproduce.TOKEN_VOCAB
+    lm_config(c)
+    assert c.optim.get("backbone_lr", 0) == (pytest.approx(c.optim.lr * 0.05)
+                                             if "insert_low" in config else 0)
+  with pytest.raises(ValueError, match="repro_lm: arg"):
+    load_config(f"{reproduce.CONFIGS}/repro_lm.py:bytes,nope")
+
+
+def _backbone(arg):
+  model_cfg = lm_config(load_config(f"experiments/configs/repro_lm.py:{arg}"))
+  model = nnx.eval_shape(lambda: DecoderLM(model_cfg, rngs=nnx.Rngs(params=0)))
+  total = sum(v.size for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  return total - params.memory_params(model_cfg)[0]
+
+
+def test_the_bytes_setting_sizes():
+  """Memory about 1x the backbone; the matched arms within the stated tolerances."""
+  base, dense = _backbone("bytes,baseline"), _backbone("bytes,dense_active")
+  assert _backbone("bytes,lngram_r16") == base
+  mem = {arm: params.memory_params(lm_config(load_config(
+      f"experiments/configs/repro_lm.py:bytes,{arm}"))) for arm in
+      ("lngram_r16", "lngram_r64", "lngram_r16_mem128", "pkm", "engram", "sparse_ffn",
+       "lngram_v1", "lngram_v1_paper")}
+  total16, active16 = mem["lngram_r16"]
+  assert 0.9 <= total16 / base <= 1.1
+  assert abs((dense - base) - active16) / active16 < 0.01
+  for arm in ("pkm", "engram", "sparse_ffn"):
+    assert abs(mem[arm][0] / total16 - 1) < 0.02, arm
+  assert abs(mem["sparse_ffn"][1] / active16 - 1) < 0.02
+  assert abs(mem["lngram_v1"][1] / active16 - 1) < 0.1      # as close as Dm = 1 gets
+  assert 0.79 <= 1 - total16 / mem["lngram_v1_paper"][0] <= 0.81
+  tables = {a: load_config(f"experiments/configs/repro_lm.py:bytes,{a}").model.memory
+            for a in ("lngram_r64", "lngram_r16_mem128")}
+  rows = {a: m.routes * (16 ** 2 + 16 ** 3) * m.mem_dim for a, m in tables.items()}
+  assert rows["lngram_r64"] == rows["lngram_r16_mem128"]      # equal table parameters
+
+
+def _fake_run(root, run, final, *, docs=None, design=reproduce.DESIGN, steps=None):
+  """A finished run directory: its stamp, metrics (and per-document evaluation)."""
+  workdir = reproduce.run_dir(run, root)
   workdir.mkdir(parents=True)
-  rows = [{"step": 10, "train/tokens_per_s": 1.0}, {"step": 20, "train/tokens_per_s": 100.0},
-          {"step": 30, "train/tokens_per_s": 300.0}]
-  rows += [{"step": s, "eval/bits_per_byte": v} for s, v in finals]
-  (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  steps = steps or reproduce.steps(run)
+  if design is not None:
+    (workdir / reproduce.STAMP).write_text(json.dumps({"design": design}))
+  rows = [{"step": 10, "train/tokens_per_s": 5.0}, {"step": 20, "train/tokens_per_s": 7.0},
+          {"step": steps, "eval/bits_per_byte": final}]
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  if docs is not None:
+    nats, tokens = docs
+    write_per_doc(workdir, steps, "byte", ["a.py", "b.py", "c.py"], nats, tokens)
   return workdir
 
 
-def test_report_from_run_files(tmp_path):
-  root = tmp_path / "repro"
-  _fake_run(root, "main/baseline_s0", [(300, 2.5), (600, 2.20)])
-  _fake_run(root, "main/baseline_s1", [(300, 2.6), (600, 2.30)])
-  _fake_run(root, "main/lngram_r16_s0", [(300, 2.4)])   # still running
-  text = report.report(root, tmp_path / "plots")
-  want = f"{statistics.mean([2.2, 2.3]):.4f} ± {statistics.stdev([2.2, 2.3]):.4f}"
-  [baseline] = [line for line in text.splitlines() if line.startswith("| baseline ")]
-  assert want in baseline and "| 0, 1 |" in baseline and "| 200 |" in baseline
-  [lngram] = [line for line in text.splitlines() if line.startswith("| lngram_r16 ")]
-  assert "running: [0]" in lngram and "4.556M / 0.102M" in lngram
-  assert (tmp_path / "plots" / "main.png").read_bytes()[:4] == b"\x89PNG"
+@pytest.fixture(scope="module")
+def five_pairs(tmp_path_factory):
+  """baseline and Lngram v2 r16 on bytes, five seeds each, per-document evaluations."""
+  root = tmp_path_factory.mktemp("repro")
+  by_key = {r.key: r for r in reproduce.plan()}
+  tokens = np.array([1000.0, 2000.0, 3000.0])
+  rng = np.random.default_rng(0)
+  finals = {}
+  for seed in range(5):
+    for arm, level in (("baseline", 2.10), ("lngram_r16", 2.05)):
+      bits_D = level + 0.01 * seed + rng.normal(0, 0.005, 3)
+      nats = bits_D * tokens * math.log(2)
+      run = by_key[f"bytes/{arm}_s{seed}"]
+      final = float(nats.sum() / tokens.sum() / math.log(2))
+      finals[(arm, seed)] = final
+      _fake_run(root, run, final + 0.5, docs=(nats, tokens))   # metrics differ: per-doc wins
+  return root, finals, tokens
 
 
-def test_finished_means_the_final_evaluation_was_written(tmp_path, monkeypatch):
-  monkeypatch.setattr(reproduce, "ROOT", tmp_path)
-  done, cut = (next(r for r in reproduce.plan() if r.key == key)
-               for key in ("main/pkm_s0", "main/pkm_s1"))
-  _fake_run(tmp_path, "main/pkm_s0", [(600, 2.1)])
-  _fake_run(tmp_path, "main/pkm_s1", [(200, 2.9), (400, 2.4)])
-  assert reproduce.finished(done) and not reproduce.finished(cut)
+def test_summary_table_from_two_arms_times_five_seeds(five_pairs):
+  root, finals, _ = five_pairs
+  collected = results.collect(root)
+  assert collected["bytes"]["baseline"]["seeds"][3]["final"] == pytest.approx(
+      finals[("baseline", 3)])
+  d = [finals[("baseline", s)] - finals[("lngram_r16", s)] for s in range(5)]
+  test = stats.paired_t(d)
+  text = report.summary(collected)
+  [row] = [line for line in text.splitlines()
+           if line.startswith("| bytes | Lngram v2 r16 beats the memory-free baseline")]
+  cells = [c.strip() for c in row.split("|")[1:-1]]
+  assert cells[3] == "5 (baseline 5 / lngram_r16 5)"
+  assert cells[4] == f"{test['mean']:+.4f} [{test['ci'][0]:+.4f}, {test['ci'][1]:+.4f}]"
+  assert cells[5].startswith("[") and cells[6] == f"{test['p']:.3g}"
+  assert cells[7] == "0.0625 (min 0.0625)"
+  # The only evaluable claim of the family: Holm's p is its own p.
+  assert cells[8] == f"{test['p']:.3g}"
+  assert cells[9] == f"{stats.min_detectable_effect(test['sd'], 5, alpha=0.05):.3g}"
+  assert cells[10] == stats.verdict(test, test["p"]) == "supported"
+  others = [line for line in text.splitlines() if line.startswith("| tokens | Lngram v2")]
+  assert others and "pending: n = 0 paired seeds" in others[0]
 
 
-def test_verdicts():
-  assert report.verdict([2.0, 2.01], [2.2, 2.21]).startswith("reproduced")
-  assert report.verdict([2.2, 2.21], [2.0, 2.01]).startswith("not reproduced")
-  assert report.verdict([2.0, 2.2], [2.05, 2.25]).startswith("inconclusive")
-  assert report.verdict([2.0], [2.2, 2.3]).startswith("pending")
+def test_document_bootstrap_and_pairing_use_the_same_seeds(five_pairs):
+  root, _, tokens = five_pairs
+  collected = results.collect(root)
+  seeds, d, docs, _ = report.paired_values(collected, "bytes", {"baseline": 1.0,
+                                                               "lngram_r16": -1.0})
+  assert seeds == [0, 1, 2, 3, 4] and docs[0].shape == (5, 3)
+  point, lo, hi = stats.doc_bootstrap_ci(*docs)
+  assert point == pytest.approx(np.mean(d)) and lo <= point <= hi
+  np.testing.assert_array_equal(docs[1], tokens)
 
 
-def test_shared_runs_have_the_config_of_the_run_they_read():
-  """A run that reads another's directory must be the same training: equal config, seed."""
-  runs = reproduce.plan()
-  by_key = {r.key: r for r in runs}
-  shared = [r for r in runs if r.same_as]
-  assert {r.key for r in shared} >= {"sink/sink_s0", "surrogate/onebit_s1", "routes/r16_kv2_s0"}
-  for run in shared:
-    original = by_key[run.same_as]
-    assert original.same_as is None and original.seed == run.seed
-    assert original.overrides == run.overrides
-    assert (load_config(f"{reproduce.CONFIGS}/{run.config}").to_dict()
-            == load_config(f"{reproduce.CONFIGS}/{original.config}").to_dict())
-    assert run.workdir == original.workdir
+def test_stale_runs_are_listed_never_read(tmp_path):
+  by_key = {r.key: r for r in reproduce.plan()}
+  old = by_key["bytes/pkm_s0"]
+  _fake_run(tmp_path, old, 1.9, design=None)              # an older design's directory
+  new = _fake_run(tmp_path, by_key["bytes/pkm_s1"], 2.0)
+  _fake_run(tmp_path, by_key["bytes/pkm_s2"], 2.1, design=1)
+  assert reproduce.stale(old, tmp_path) and not reproduce.finished(old, tmp_path)
+  assert reproduce.status(old, tmp_path) == "stale"
+  assert reproduce.finished(by_key["bytes/pkm_s1"], tmp_path)
+  assert set(results.collect(tmp_path)["bytes"]["pkm"]["seeds"]) == {1}
+  assert "bytes/pkm_s0 (stale)" in report.pending_runs(tmp_path)
+  assert new.name == "pkm_s1"
 
 
-def test_training_order_is_seed_major_and_trains_a_shared_run_once():
+def test_run_queue_skips_stale_and_waits_for_the_baseline(tmp_path, monkeypatch, capsys):
+  by_key = {r.key: r for r in reproduce.plan()}
+  _fake_run(tmp_path, by_key["bytes/baseline_s0"], 2.0, design=None)
+  calls = []
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  runs = [by_key[k] for k in ("bytes/baseline_s0", "bytes/inserted_low_s0", "bytes/pkm_s0")]
+  assert reproduce.run_queue(runs, tmp_path) == 0
+  out = capsys.readouterr().out
+  assert "skip bytes/baseline_s0" in out and "stale" in out
+  assert "skip bytes/inserted_low_s0: waits for bytes/baseline_s0" in out
+  [call] = calls
+  assert f"--workdir={tmp_path}/bytes/pkm_s0" in call
+  assert json.loads((tmp_path / "bytes" / "pkm_s0" / "repro.json").read_text())["design"] == 2
+
+
+def test_training_order_is_seed_major_and_shards_split_it():
   runs = reproduce.plan()
   by_key = {r.key: r for r in runs}
   order = reproduce.training_order(runs, by_key)
-  assert [r.seed for r in order] == sorted(r.seed for r in order)
-  assert len({r.key for r in order}) == len(order) and all(r.same_as is None for r in order)
-  assert len(order) == len([r for r in runs if r.same_as is None])
+  lm = [r.seed for r in order if r.experiment not in reproduce.GPU_SCALE]
+  assert lm == sorted(lm) and len(lm) == len(order) - len(reproduce.vlm_plan())
   keys = [r.key for r in order]
-  assert keys.index("insertion/baseline_300_s0") < keys.index("insertion/inserted_300_s0")
-  # Selecting only the sink study still trains the main r16 runs it reads.
-  sink_only = reproduce.training_order(reproduce.select(runs, "sink"), by_key)
-  assert [r.key for r in sink_only] == ["main/lngram_r16_s0", "sink/nosink_s0",
-                                        "main/lngram_r16_s1", "sink/nosink_s1",
-                                        "main/lngram_r16_s2", "sink/nosink_s2"]
+  assert keys.index("bytes/baseline_s0") < keys.index("bytes/inserted_low_s0")
+  assert reproduce._shard("1/3") == (1, 3)
+  with pytest.raises(SystemExit, match="--shard"):
+    reproduce._shard("3/3")
 
 
-def test_report_reads_a_shared_run_from_the_directory_it_shares(tmp_path):
-  root = tmp_path / "repro"
-  _fake_run(root, "main/lngram_r16_s0", [(600, 2.05)])
-  collected = results.collect(root)
-  assert collected["sink"]["sink"]["seeds"][0]["final"] == 2.05
-  assert collected["surrogate"]["onebit"]["seeds"][0]["final"] == 2.05
-
-
-# --- `reproduce analyze` and the report's analysis sections, on fake runs and analyses.
-
-def _write_analysis(workdir, name, result):
-  (workdir / "analysis").mkdir(exist_ok=True)
-  (workdir / "analysis" / f"{name}.json").write_text(json.dumps(result))
-
-
-def _utilisation(dead=0):
-  return {"codes_per_route": 16, "layers": {str(layer): {
-      "n_eff": 9.5, "normalised_entropy": 0.81, "top_freq": 0.3, "dead_codes": dead,
-      "total_codes": 256} for layer in (1, 2)}}
-
-
-def _id_knn(p_document=0.002):
-  levels = ("local", "document")
-  layer = {"ap": {r: dict.fromkeys(levels, v) for r, v in
-                  (("H_model", 0.3), ("Q_route", 0.25), ("ID", 0.2), ("nuisance", 0.1))},
-           "rho": {"local": 0.5, "document": 0.8125},
-           "ordering": dict.fromkeys(levels, True),
-           "permutation": {"local": {"p": 0.002, "observed": 0.3, "null_max": 0.1},
-                           "document": {"p": p_document, "observed": 0.2, "null_max": 0.25}}}
-  return {"n_perm": 500, "layers": {"1": layer}}
-
-
-def _associations():
-  example = {"expression": "C_{1,3}=7 ⇒ def", "level": "local", "P": 0.4, "P0": 0.1,
-             "delta": 0.3, "n": 25}
-  return {"total": {"candidates": 40, "evaluable": 30, "replicated": 12, "rate": 0.4},
-          "by_layer_level": {"1/local": {"rate": 0.55}, "1/document": {"rate": 0.2}},
-          "examples": [example] * 15}
-
-
-def _distributed():
-  return {"layers": {"1": {"ms": [1, 2, 4], "rho": {"local": 0.3, "document": 0.9},
-                           "rho_id_knn": {"local": 0.6, "document": 0.7},
-                           "ratio": {"local": 1.5, "document": 2.5}}}}
-
-
-def _stability(steps, agreements):
-  """Rows of the primary protocol between adjacent `steps`, agreement (estimate, lo, hi)
-  per layer for the last interval; the earlier intervals get 0.5."""
-  rows = []
-  for a, b in zip(steps, steps[1:], strict=False):
-    for layer, ca in agreements.items():
-      ca = ca if b == steps[-1] else (0.5, 0.49, 0.51)
-      rows.append({"protocol": "fixed", "layer": layer, "from_step": a, "to_step": b,
-                   "code_agreement": list(ca), "hamming": [0.1, 0.09, 0.11],
-                   "survival_2": [0.6, 0.59, 0.61], "survival_3": [0.5, 0.49, 0.51]})
-      rows.append({**rows[-1], "protocol": "own", "code_agreement": [0.1, 0.0, 0.2]})
-  return {"steps": list(steps), "rows": rows, "primary": "fixed"}
-
-
-def _injection(scale):
-  row = {"immediate_R": 0.1 * scale, "final_R": 0.2 * scale, "final_retention": 1.5,
-         "logit_R": 0.05 * scale, "js": 0.01, "top1_agreement": 0.9}
-  return {"layers": [1, 2], "interventions": {
-      "1": row, "2": row, "all": {**row, "immediate_R": None, "final_retention": None}}}
-
-
-def test_analysis_jobs_best_run_insertion_pair_and_skips(tmp_path):
-  root = tmp_path / "repro"
-  _fake_run(root, "main/lngram_r16_s0", [(600, 2.05)])
-  best = _fake_run(root, "main/lngram_r64_s0", [(600, 2.00)])
-  _fake_run(root, "main/lngram_r64_s1", [(400, 1.90)])            # cut: not a candidate
-  _fake_run(root, "main/pkm_s0", [(600, 1.50)])                   # not Lngram v2
-  _fake_run(root, "insertion/inserted_300_s0", [(200, 2.4)])       # not finished
-  _write_analysis(root / "main" / "lngram_r16_s0", "stability", {})
-  run, value = reproduce.best_lngram_run(root)
-  assert (run.key, value) == ("main/lngram_r64_s0", 2.00)
-  jobs, skipped = reproduce.analysis_jobs(root)
-  assert [(r.key, names) for r, names, _ in jobs] == [
-      ("main/lngram_r64_s0", reproduce.ANALYSES), ("main/lngram_r16_s0", ("injection",))]
-  assert dict(skipped)["insertion/inserted_300_s0"].endswith("not finished")
-  assert "stability" in dict(skipped)["main/lngram_r16_s0"]
-  jobs, _ = reproduce.analysis_jobs(root, force=True)
-  assert jobs[1][1] == ("stability", "injection")
-  assert reproduce.analyze_command(jobs[0][0], jobs[0][1], root) == [
-      "lngram-exp", "analyze", f"--workdir={best}",
-      "--which=utilisation,id_knn,associations,distributed,stability,injection", "--step=600"]
-  # A result computed from another checkpoint than the final one is stale: redone.
-  _write_analysis(root / "main" / "lngram_r16_s0", "stability", {"source": {"step": 400}})
-  jobs, _ = reproduce.analysis_jobs(root)
-  assert [(r.key, names) for r, names, _ in jobs][1] == (
-      "main/lngram_r16_s0", ("stability", "injection"))
-  _write_analysis(root / "main" / "lngram_r16_s0", "stability", {"source": {"step": 600}})
-  jobs, _ = reproduce.analysis_jobs(root)
-  assert [(r.key, names) for r, names, _ in jobs][1] == ("main/lngram_r16_s0", ("injection",))
-  # When the best run is one of the pair, it is analysed once, with everything.
-  _fake_run(root, "main/lngram_r16_s1", [(600, 1.95)])
-  (root / "insertion" / "inserted_300_s0" / "metrics.jsonl").write_text(
-      json.dumps({"step": 300, "eval/bits_per_byte": 2.1}) + "\n")
-  jobs, _ = reproduce.analysis_jobs(root, force=True)
-  assert [(r.key, names) for r, names, _ in jobs] == [
-      ("main/lngram_r16_s1", reproduce.ANALYSES),
-      ("insertion/inserted_300_s0", ("stability", "injection")),
-      ("main/lngram_r16_s0", ("stability", "injection"))]
-
-
-def test_analysis_names_are_those_of_lngram_exp_analyze():
+def test_analysis_jobs_every_seed_and_the_insertion_pair(tmp_path):
+  by_key = {r.key: r for r in reproduce.plan()}
+  for key in ("bytes/lngram_r16_s0", "bytes/lngram_r16_s1", "bytes/lngram_r16_frozen_s0",
+              "bytes/inserted_low_s0", "tokens/lngram_r16_s0"):
+    _fake_run(tmp_path, by_key[key], 2.0)
+  jobs, skipped = reproduce.analysis_jobs(tmp_path)
+  got = {r.key: names for r, names, _ in jobs}
+  assert got["bytes/lngram_r16_s1"] == reproduce.RECORD_ANALYSES
+  assert got["bytes/lngram_r16_s0"] == reproduce.ANALYSES      # also the insertion pair
+  assert got["bytes/inserted_low_s0"] == reproduce.INSERTION_ANALYSES
+  assert "bytes/lngram_r16_frozen_s0" in got and "tokens/lngram_r16_s0" not in got
+  assert ("bytes/lngram_r64_s0", "not finished") in skipped
+  command = reproduce.analyze_command(by_key["bytes/inserted_low_s0"], ("stability",), tmp_path)
+  assert command[-2:] == ["--step=300", "--stability_steps=100,300"]
+  command = reproduce.analyze_command(by_key["bytes/lngram_r16_s1"], ("id_knn",), tmp_path)
+  assert "--max_positions=20000" in command
+  # A record analysis of an older protocol is redone; one of the current protocol is not.
+  from experiments.analysis.run import RECORD_PROTOCOL
+  analysis = tmp_path / "bytes" / "lngram_r16_s1" / "analysis"
+  analysis.mkdir()
+  (analysis / "id_knn.json").write_text(json.dumps({"source": {"step": 600}}))
+  assert not reproduce.analysis_written(by_key["bytes/lngram_r16_s1"], "id_knn", tmp_path)
+  (analysis / "id_knn.json").write_text(json.dumps(
+      {"source": {"step": 600}, "protocol": {"version": RECORD_PROTOCOL}}))
+  assert reproduce.analysis_written(by_key["bytes/lngram_r16_s1"], "id_knn", tmp_path)
   from experiments.analysis.run import LM_ANALYSES
   assert reproduce.ANALYSES == LM_ANALYSES
-  assert set(reproduce.INSERTION_ANALYSES) <= set(LM_ANALYSES)
-  keys = {r.key for r in reproduce.plan()}
-  assert set(reproduce.INSERTION_PAIR) <= keys
 
 
-def test_analyze_runs_lngram_exp_analyze_per_job(tmp_path, monkeypatch, capsys):
-  root = tmp_path / "repro"
-  best = _fake_run(root, "main/lngram_r64_s0", [(600, 2.00)])
+def test_an_inserted_run_s_curve_continues_its_baseline_s_clock(tmp_path):
+  by_key = {r.key: r for r in reproduce.plan()}
+  inserted = by_key["bytes/inserted_low_s0"]
+  assert reproduce.step_offset(inserted, by_key) == 600
+  assert reproduce.step_offset(by_key["bytes/baseline_s0"], by_key) == 0
+  _fake_run(tmp_path, inserted, 1.9)
+  seeds = results.collect(tmp_path)["bytes"]["inserted_low"]["seeds"]
+  assert seeds[0]["curve"] == [(900, 1.9)] and seeds[0]["final"] == 1.9
+  assert seeds[0]["per_doc"] is None       # no per-document file: the metrics' final
+
+
+def test_the_whole_report_renders_from_run_files(five_pairs, tmp_path):
+  root, _, _ = five_pairs
+  text = report.report(root, tmp_path / "plots")
+  assert "Runs pending (92 of 102" in text and "bytes/baseline_s0," not in text
+  [row] = [line for line in text.splitlines() if line.startswith("| baseline | `repro_lm.py")]
+  assert "| 0, 1, 2, 3, 4 |" in row and row.endswith("| 7 |")   # 1st interval: compiling
+  assert "#### ID analyses" in text and "#### Insertion" in text   # the analysis sections
+  assert "| `vlm_long/sft_pvm_s0` | `vlm_long_sft.py` | vlm_long/base_s0 | todo |" in text
+  assert (tmp_path / "plots" / "bytes.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, capsys):
+  """Per seed a stage-0 base, then PVM / MLP / no branch from it; trained after the LM runs,
+  each Stage I after its base; done when metrics.json (the final evaluation) exists."""
+  from experiments.overrides import config_from_command_line
+  vlm = reproduce.vlm_plan()
+  assert vlm == [r for r in reproduce.plan() if r.experiment == "vlm_long"]
+  assert [(r.key, r.config, r.after) for r in vlm if r.seed == 1] == [
+      ("vlm_long/base_s1", "vlm_long_base.py:s1", None),
+      ("vlm_long/sft_pvm_s1", "vlm_long_sft.py:s1", "vlm_long/base_s1"),
+      ("vlm_long/sft_mlp_s1", "vlm_long_sft.py:mlp,s1", "vlm_long/base_s1"),
+      ("vlm_long/sft_none_s1", "vlm_long_sft.py:none,s1", "vlm_long/base_s1")]
+  assert sorted(r.seed for r in vlm) == [0] * 4 + [1] * 4 + [2] * 4
+  mlp = next(r for r in vlm if r.key == "vlm_long/sft_mlp_s2").command(tmp_path)
+  assert mlp[2] == "--config=experiments/configs/vlm_long_sft.py:mlp,s2"
+  fields = [a[len("--config."):].split("=", 1) for a in mlp[3:] if a.startswith("--config.")]
+  c = config_from_command_line(mlp[2].split("=", 1)[1], fields)   # as `lngram-exp train` parses
+  assert c.vlm.stage.init_from == str(tmp_path / "vlm_long" / "base_s2")
+  assert c.vlm.scenes.data_dir == str(tmp_path / "vlm_long" / "base_s2" / "data")
+  assert (c.train.seed, c.vlm.branch.kind, c.vlm.stage.name) == (2, "mlp", "sft")
+  assert vlm[0].command(tmp_path, smoke=True)[2].endswith("vlm_long_base.py:smoke")
+  order = [r.key for r in reproduce.training_order(reproduce.plan(), {r.key: r for r in
+                                                                     reproduce.plan()})]
+  first = order.index("vlm_long/base_s0")
+  assert all(k.startswith("vlm_long/") for k in order[first:]) and len(order[first:]) == 12
+  assert all(order.index(r.after) < order.index(r.key) for r in vlm if r.after)
+  # `list` marks the experiment GPU-scale; `run` trains each Stage I right after its base.
+  assert reproduce.main(["list", "--only=vlm_long", f"--root={tmp_path}"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("note  vlm_long: GPU-scale") and len(out) == 13
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call",
-                      lambda cmd, **kw: calls.append(cmd) or 0)
-  assert reproduce.analyze(dry_run=True, root=root) == 0 and not calls
-  assert f"lngram-exp analyze --workdir={best}" in capsys.readouterr().out
-  assert reproduce.analyze(root=root) == 0
-  [call] = calls
-  assert call[1:4] == ["-m", "experiments", "analyze"] and call[4] == f"--workdir={best}"
-  assert (best / "analysis" / "analyze.log").exists()
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: 3)
-  assert reproduce.analyze(root=root) == 3
-
-
-def _full_fixture(root, inserted_agreement=(0.9, 0.88, 0.92), inserted_steps=(100, 200, 300)):
-  _fake_run(root, "main/baseline_s0", [(600, 2.20)])
-  scratch = _fake_run(root, "main/lngram_r16_s0", [(600, 2.10)])
-  best = _fake_run(root, "main/lngram_r64_s0", [(600, 2.00)])
-  inserted = _fake_run(root, "insertion/inserted_300_s0", [(300, 2.05)])
-  for name, result in (("utilisation", _utilisation()), ("id_knn", _id_knn()),
-                       ("associations", _associations()), ("distributed", _distributed())):
-    _write_analysis(best, name, result)
-  _write_analysis(scratch, "stability", _stability((200, 400, 600), {1: (0.8, 0.79, 0.81),
-                                                                     2: (0.7, 0.69, 0.71)}))
-  _write_analysis(inserted, "stability", _stability(inserted_steps, {1: inserted_agreement,
-                                                                      2: inserted_agreement}))
-  _write_analysis(scratch, "injection", _injection(1.0))
-  _write_analysis(inserted, "injection", _injection(2.0))
-  return best, scratch, inserted
-
-
-def _row(text, start):
-  [line] = [line for line in text.splitlines() if line.startswith(start)]
-  return line
-
-
-def test_report_analysis_sections_and_claims(tmp_path):
-  root = tmp_path / "repro"
-  _full_fixture(root)
-  text = report.report(root, tmp_path / "plots")
-  ids = text[text.index("#### ID analyses on the best run"):]
-  assert "`main/lngram_r64_s0`: final validation 2.0000 bits/byte" in ids
-  assert "lowest of the 2 finished" in ids
-  assert "Computed from checkpoint" not in ids   # these results hold no `source`
-  _write_analysis(root / "main" / "lngram_r64_s0", "utilisation",
-                  {**_utilisation(), "source": {"step": 600}})
-  assert "Computed from checkpoint step 600 of `main/lngram_r64_s0`." in report.report(
-      root, tmp_path / "plots")
-  assert "9.50 effective codes of 16" in ids and "12 replicated: 40.00%" in ids
-  assert "| 1 | document | 0.3000 | 0.2500 | 0.2000 | 0.1000 | 81.25% | 0.002 |" in ids
-  assert ids.count("`C_{1,3}=7 ⇒ def` | local | 40.00% | 10.00% | +30.00 pp | 25 |") == 15
-  assert "AP_R / AP_1 1.50–2.50 (R = 4 routes)" in ids
-  assert "ρ above 100%" not in ids
-  # Claims from the analysis files.
-  assert _row(text, "| the codes are used").endswith("| reproduced: no dead code, normalised "
-                                                     "entropy 0.810 |")
-  assert ("| reproduced: p ≤ 0.05 in 2/2 layer × target settings, above every permutation in "
-          "1/2 |") in _row(text, "| the IDs alone")
-  assert "inconclusive at this scale: ρ > 50% in 1/2" in _row(text, "| ID-KNN keeps most")
-  assert "not reproduced: fewer than half replicate (40.00%; paper 65.85%)" in _row(text, "| single-code")
-  assert "reproduced: AP_R > AP_1 in 2/2" in _row(text, "| the full signature")
-  assert "inconclusive at this scale: S_dict ρ below ID-KNN ρ in 1/2" in _row(
-      text, "| the joint signature")
-  # Insertion: steps of the inserted run counted from the backbone's start (300 + own).
-  ins = text[text.index("#### Insertion vs from scratch"):]
-  assert "inserted 2.0500, from step 0 2.1000, baseline (`main/baseline_s0`) 2.2000" in ins
-  assert "| 1 | inserted | 500→600 | 0.9000 [0.8800, 0.9200] |" in ins
-  assert "| 2 | from step 0 | 400→600 | 0.7000 [0.6900, 0.7100] |" in ins
-  stability = _row(text, "| inserted Lngram has more stable addresses")
-  assert "inconclusive at this scale: inserted more stable at every layer" in stability
-  assert "over 100 vs 200 steps" in stability
-  injection = _row(text, "| inserted Lngram injects more")
-  assert "one seed: inserted larger in all 3 measures (the paper's direction)" in injection
-  assert "immediate R L1 0.2 vs 0.1" in injection
-  assert "| layer 1 | inserted | 0.2 | 0.4 | 1.5 | 0.1 | 0.01 | 0.9 |" in ins
-  assert "one seed: inserted_300 lower by 0.0500 (the paper's direction), no spread" in _row(
-      text, "| inserting Lngram")
-  # A few dead codes are no collapse; many are. A setting at p > 0.05 makes it inconclusive.
-  best = root / "main" / "lngram_r64_s0"
-  _write_analysis(best, "utilisation", _utilisation(dead=1))
-  _write_analysis(best, "id_knn", _id_knn(p_document=0.2))
-  claims = {claim: verdict for claim, _, _, verdict in report_analyses.analysis_claims(root)}
-  assert claims["the codes are used, not collapsed (C.1)"] == (
-      "reproduced: no collapse (normalised entropy 0.810), but 2 / 512 codes dead (paper 0)")
-  assert claims["the IDs alone carry the semantics: ID-KNN above the permutation null "
-                "(§3.2)"].startswith("inconclusive at this scale: p ≤ 0.05 in 1/2")
-  _write_analysis(best, "utilisation", _utilisation(dead=10))
-  claims = {claim: verdict for claim, _, _, verdict in report_analyses.analysis_claims(root)}
-  assert claims["the codes are used, not collapsed (C.1)"].startswith(
-      "not reproduced: 20 / 512 codes dead")
-
-
-def test_stability_verdict_weighs_the_interval_lengths(tmp_path):
-  root = tmp_path / "repro"
-  # Equal intervals (200 steps each: the inserted run kept steps 100 and 300): reproduced.
-  _full_fixture(root, inserted_steps=(100, 300))
-  assert "reproduced (one seed, CIs disjoint): inserted more stable" in _row(
-      report.report(root, tmp_path / "p"), "| inserted Lngram has more stable")
-  root2 = tmp_path / "repro2"
-  _full_fixture(root2, inserted_agreement=(0.6, 0.59, 0.61))
-  assert "not reproduced (one seed, CIs disjoint): inserted less stable" in _row(
-      report.report(root2, tmp_path / "p"), "| inserted Lngram has more stable")
-  root3 = tmp_path / "repro3"
-  _full_fixture(root3, inserted_agreement=(0.75, 0.6, 0.9))
-  assert "inconclusive at this scale: more stable at 0, less at 0 of 2" in _row(
-      report.report(root3, tmp_path / "p"), "| inserted Lngram has more stable")
-
-
-def test_report_marks_missing_and_broken_analyses_pending(tmp_path):
-  root = tmp_path / "repro"
-  best, scratch, inserted = _full_fixture(root)
-  (best / "analysis" / "distributed.json").unlink()
-  _write_analysis(best, "utilisation", {"layers": {"1": {}}})          # lacks its keys
-  (inserted / "metrics.jsonl").write_text(json.dumps({"step": 200, "eval/bits_per_byte": 2}))
-  knn = _id_knn()
-  knn["layers"]["1"]["rho"]["local"] = 1.2
-  _write_analysis(best, "id_knn", knn)
-  assert "ρ above 100% (layer 1 local)" in report.report(root, tmp_path / "plots")
-  (best / "analysis" / "id_knn.json").write_text("{not json")
-  text = report.report(root, tmp_path / "plots")
-  assert "pending: id_knn.json unreadable" in _row(text, "| the IDs alone")
-  assert "pending: distributed not run on lngram_r64_s0" in _row(text, "| the full signature")
-  assert "pending: analysis file lacks" in _row(text, "| the codes are used")
-  assert _row(text, "| inserted Lngram has more stable").endswith(
-      "| – | pending: insertion/inserted_300_s0 not finished |")
-  assert "| – | inserted | pending: insertion/inserted_300_s0 not finished |" in text
-  assert "| 1 | from step 0 | 400→600 |" in text      # the finished half still shows
-  # No run at all of main's Lngram v2 arms: the sections say why.
-  root4 = tmp_path / "repro4"
-  _fake_run(root4, "main/baseline_s0", [(600, 2.2)])
-  text = report.report(root4, tmp_path / "plots")
-  assert "pending: no Lngram v2 run of main has finished." in text
-  assert "pending: no Lngram v2 run of main has finished" in _row(text, "| the codes are used")
-
-
-def test_single_seed_routes_claims(tmp_path):
-  root = tmp_path / "repro"
-  _fake_run(root, "main/lngram_r64_s0", [(600, 2.00)])
-  _fake_run(root, "routes/r16_mem128_s0", [(600, 2.10)])
-  _fake_run(root, "routes/r16_kv1_s0", [(600, 2.00)])
-  _fake_run(root, "routes/r16_kv4_s0", [(400, 2.30)])
-  text = report.report(root, tmp_path / "plots")
-  assert _row(text, "| at equal table parameters").endswith(
-      "| one seed: r64_mem32 lower by 0.1000 (the paper's direction), no spread |")
-  assert _row(text, "| more KV heads").endswith("| pending: routes/r16_kv4 not finished |")
-  assert "One seed per arm" in text
-  assert report.single_seed_verdict("a", [2.1], "b", [2.0]) == (
-      "one seed: b lower by 0.1000 (against the paper), no spread")
-
-
-def test_the_inserted_run_is_measured_over_the_from_scratch_run_s_interval():
-  """Own steps 100 -> 300 of the run inserted at 300 = backbone steps 400 -> 600, the last
-  interval of the 600-step run it is compared with."""
-  by_key = {r.key: r for r in reproduce.plan()}
-  inserted, scratch = (by_key[k] for k in reproduce.INSERTION_PAIR)
-  command = reproduce.analyze_command(inserted, ("stability", "injection"))
-  assert command[-2:] == ["--step=300", "--stability_steps=100,300"]
-  assert not any(c.startswith("--stability_steps") for c in
-                 reproduce.analyze_command(scratch, ("stability", "injection")))
-  assert not any(c.startswith("--stability_steps") for c in
-                 reproduce.analyze_command(inserted, ("injection",)))
-  offset = reproduce.steps(by_key[inserted.after])
-  first, last = reproduce.STABILITY_STEPS[inserted.key]
-  assert (offset + first, offset + last) == (400, reproduce.steps(scratch))
-
-
-def test_the_inserted_run_s_curve_continues_its_backbone_s(tmp_path):
-  root = tmp_path / "repro"
-  _fake_run(root, "insertion/baseline_300_s0", [(100, 2.9), (300, 2.4)], steps=300)
-  _fake_run(root, "insertion/inserted_300_s0", [(100, 2.3), (300, 2.1)], steps=300)
-  _fake_run(root, "main/lngram_r16_s0", [(600, 2.0)])
-  insertion = results.collect(root)["insertion"]
-  assert insertion["baseline_300"]["seeds"][0]["curve"] == [(100, 2.9), (300, 2.4)]
-  assert insertion["inserted_300"]["seeds"][0]["curve"] == [(400, 2.3), (600, 2.1)]
-  assert insertion["from_step_0"]["seeds"][0]["final"] == 2.0   # main/lngram_r16_s0
-  by_key = {r.key: r for r in reproduce.plan()}
-  assert reproduce.step_offset(by_key["insertion/inserted_300_s0"]) == 300
-  assert reproduce.step_offset(by_key["insertion/baseline_300_s0"]) == 0
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  assert reproduce.run_queue([vlm[3], vlm[6], vlm[0]], tmp_path) == 0   # sft s0, s1, base s0
+  assert [next(a for a in c if a.startswith("--workdir=")) for c in calls] == [
+      f"--workdir={tmp_path}/vlm_long/base_s0", f"--workdir={tmp_path}/vlm_long/sft_pvm_s0"]
+  assert "skip vlm_long/sft_pvm_s1: waits for vlm_long/base_s1" in capsys.readouterr().out
+  base = vlm[0]
+  assert reproduce.status(base, tmp_path) == "todo"      # stamped, nothing trained (mocked)
+  (reproduce.run_dir(base, tmp_path) / "metrics.jsonl").write_text('{"step": 1}\n')
+  assert reproduce.status(base, tmp_path) == "part" and base.key in report.pending_runs(tmp_path)
+  (reproduce.run_dir(base, tmp_path) / "metrics.json").write_text(json.dumps(
+      {"eval": {"n": 512, "overall": {"item_acc": 0.5, "answer_acc": 0.25, "reward": 0.0}}}))
+  assert reproduce.finished(base, tmp_path) and base.key not in report.pending_runs(tmp_path)
+  assert ("| `vlm_long/base_s0` | `vlm_long_base.py` | – | done | 0.5000 | 0.2500 | 512 |"
+          in report.vlm_table(tmp_path))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.data import validation
 from experiments.data.corpus import saved_steps
 from experiments.data.tokens.format import TokenDataError, check_tokenizer, write_json_atomic
 from experiments.data.tokens.rows import TokenBatches, TokenCorpus, token_eval_batches
@@ -79,6 +80,7 @@ class RunData:
   batches: TokenBatches
   val_batches: list
   vocab_size: int
+  val_names: tuple[str, ...] | None = None   # per-document validation set: its documents
 
   @property
   def description(self) -> str:
@@ -103,9 +105,32 @@ def run_data(config, workdir, *, rows: tuple[int, int] | None = None,
     record_run(corpus, workdir)
   batches = TokenBatches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size, seed=dc.seed,
                          rows=rows, allow_data_change=allow_change)
-  val = token_eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
-                           max_batches=dc.eval_batches)
-  return RunData(corpus, batches, val, vocab)
+  val, names = val_batches(corpus, dc)
+  return RunData(corpus, batches, val, vocab, names)
+
+
+def val_doc_names(corpus: TokenCorpus) -> list[str]:
+  """A name per validation document: its input file (the shard's source), and its
+  index among that shard's validation documents when the shard holds several."""
+  docs, shards = corpus.val_docs, corpus.manifest["shards"]
+  counts = np.bincount(docs.shard_D, minlength=len(shards)) if len(docs) else []
+  seen: dict[int, int] = {}
+  names = []
+  for k in docs.shard_D.tolist():
+    j = seen[k] = seen.get(k, -1) + 1
+    names.append(shards[k]["source"] + (f"#{j}" if counts[k] > 1 else ""))
+  return names
+
+
+def val_batches(corpus: TokenCorpus, dc, max_batches: int | None = None):
+  """(validation batches, document names or None) of a data config: the per-document
+  set when `data.val_doc_cap` > 0 (experiments/data/validation.py), else the first
+  `eval_batches` batches of the split in manifest order."""
+  return validation.config_batches(
+      corpus.val_docs, val_doc_names(corpus), dc, max_batches=max_batches,
+      default=lambda: token_eval_batches(corpus, seq_len=dc.seq_len,
+                                         batch_size=dc.batch_size,
+                                         max_batches=max_batches or dc.eval_batches))
 
 
 def _record(corpus: TokenCorpus) -> dict:
@@ -168,7 +193,7 @@ def record_run(corpus: TokenCorpus, workdir) -> None:
     os.replace(tmp, workdir / TOKENIZER_FILE)
 
 
-def eval_data(config, workdir, max_batches: int) -> list:
+def eval_data(config, workdir, max_batches: int | None = None) -> list:
   """Validation batches of a saved run's token data (`lngram-exp eval`), refused if
   the data directory now holds another tokenizer's tokens."""
   dc = config.data
@@ -177,8 +202,7 @@ def eval_data(config, workdir, max_batches: int) -> list:
   if path.is_file():
     run = json.loads(path.read_text())["tokenizer"]
     check_tokenizer(corpus.manifest, run["sha256"], run["vocab_size"], what="this run's")
-  return token_eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
-                            max_batches=max_batches)
+  return val_batches(corpus, dc, max_batches)[0]
 
 
 class _ByteIds:

@@ -1,0 +1,156 @@
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`): its config.json fields and its expert tensors.
+
+Which layers are sparse: transformers' rule, layer i (0-based) is an MoE layer
+iff i is not in `mlp_only_layers`, `num_experts` > 0 and
+(i + 1) % `decoder_sparse_step` == 0; every other layer keeps the dense
+SwiGLU of width `intermediate_size` (the Qwen3 names of experiments/hf/names.py).
+An MoE layer is a softmax router over all E experts (float32), the top-k
+probabilities (renormalised to sum 1 when `norm_topk_prob`), and no shared
+expert: `experiments.models.moe.MoEFFN` with n_shared_experts = 0.
+
+Expert tensors come in two layouts, both read (and `to_hf` writes the first):
+  per expert (the Hub's files, and what transformers 5 `save_pretrained` writes):
+    mlp.gate.weight [E, D]                          -> mlp/router [D, E]       transpose
+    mlp.experts.<e>.{gate,up}_proj.weight [h, D]    -> mlp/w_{gate,up} [E, D, h] stack of transposes
+    mlp.experts.<e>.down_proj.weight [D, h]         -> mlp/w_down [E, h, D]    stack of transposes
+  fused (transformers 5's in-memory parameters, should a file hold them):
+    mlp.experts.gate_up_proj [E, 2h, D]  (gate rows first) -> w_gate, w_up
+    mlp.experts.down_proj [E, D, h]                        -> w_down
+Mapping and deviations: DESIGN.md §11.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from experiments.hf.safetensors_io import HFCheckpointError
+
+MODEL_TYPE = "qwen3_moe"
+ARCHITECTURE = "Qwen3MoeForCausalLM"
+LAYOUTS = ("per_expert", "fused")
+# The fused layout's tensor names (transformers 5's Qwen3MoeExperts parameters).
+_FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def moe_layers(hf: dict) -> tuple[int, ...]:
+  """The 0-based layers transformers builds as `Qwen3MoeSparseMoeBlock`."""
+  n_layers = int(hf["num_hidden_layers"])
+  experts = int(_experts(hf))
+  step = int(hf.get("decoder_sparse_step", 1) or 1)
+  dense = {int(i) for i in (hf.get("mlp_only_layers") or [])}
+  bad = sorted(i for i in dense if not 0 <= i < n_layers)
+  if bad:
+    raise HFCheckpointError(f"config.json: mlp_only_layers has {bad} outside "
+                            f"[0, num_hidden_layers={n_layers}).")
+  if experts <= 0:
+    return ()
+  return tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)
+
+
+def _experts(hf: dict) -> int:
+  # transformers maps num_experts to num_local_experts and writes the latter; Hub
+  # files (Qwen3-30B-A3B) write num_experts.
+  value = hf.get("num_experts", hf.get("num_local_experts"))
+  if value is None:
+    raise HFCheckpointError("config.json: missing field 'num_experts'.")
+  return int(value)
+
+
+def moe_fields(hf: dict) -> dict:
+  """The `MoEConfig` fields (d_model included) of a Qwen3-MoE config.json."""
+  try:
+    top_k = int(hf["num_experts_per_tok"])
+    # transformers' balance loss sums over the k choices: k times ours (MoEConfig), so
+    # the same weight on the same loss is router_aux_loss_coef · k.
+    return dict(d_model=int(hf["hidden_size"]), n_experts=_experts(hf), top_k=top_k,
+                expert_ffn_dim=int(hf["moe_intermediate_size"]), n_shared_experts=0,
+                shared_ffn_dim=0, norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                router="softmax",
+                balance_coef=float(hf.get("router_aux_loss_coef", 0.001)) * top_k)
+  except KeyError as e:
+    raise HFCheckpointError(f"config.json: missing field {e.args[0]!r}.") from None
+
+
+def hf_config_fields(config) -> dict:
+  """config.json fields of an LMConfig with MoE layers (the export; inverse of the above)."""
+  moe = config.moe
+  dense = [i for i in range(config.n_layers) if i not in set(config.moe_layers)]
+  return dict(num_experts=moe.n_experts, num_experts_per_tok=moe.top_k,
+              moe_intermediate_size=moe.expert_ffn_dim, norm_topk_prob=moe.norm_topk_prob,
+              router_aux_loss_coef=moe.balance_coef / moe.top_k, decoder_sparse_step=1,
+              mlp_only_layers=dense)
+
+
+def check_exportable(config) -> None:
+  """Refuses MoE settings that Qwen3MoeForCausalLM cannot express."""
+  moe = config.moe
+  if not config.qk_norm or config.qkv_bias:
+    raise HFCheckpointError("export-hf: Qwen3-MoE has q/k norms and no q/k/v biases; this "
+                            f"model has qk_norm={config.qk_norm}, qkv_bias={config.qkv_bias}.")
+  if moe.n_shared_experts or moe.router != "softmax" or moe.bias_update_rate:
+    raise HFCheckpointError(
+        "export-hf: Qwen3-MoE has no shared experts, a softmax router and no routing bias; "
+        f"this model has n_shared_experts={moe.n_shared_experts}, router={moe.router!r}, "
+        f"bias_update_rate={moe.bias_update_rate}.")
+
+
+def layout_of(names) -> str:
+  """'fused' if the checkpoint holds transformers 5's fused expert tensors, else
+  'per_expert' (the Hub's layout)."""
+  return "fused" if any(n.endswith(_FUSED[0]) for n in names) else "per_expert"
+
+
+def _stack_t(*ws):
+  """E tensors [out, in] -> [E, in, out]."""
+  return np.stack([np.asarray(w).T for w in ws])
+
+
+def _fused_half(which: int):
+  def build(gate_up):          # [E, 2h, D] -> [E, D, h]
+    h = gate_up.shape[1] // 2
+    return np.ascontiguousarray(np.swapaxes(np.asarray(gate_up)[:, which * h:(which + 1) * h],
+                                            1, 2))
+  return build
+
+
+def layer_targets(config, layer: int, target_cls, layout: str = "per_expert") -> dict:
+  """{our path: Target} of the MoE FFN of `layer` (0-based)."""
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}.")
+  hf, ours = f"model.layers.{layer}.mlp.", f"blocks/{layer}/mlp/"
+  E = config.moe.n_experts
+  t = {ours + "router": target_cls((hf + "gate.weight",), lambda w: np.asarray(w).T)}
+  if layout == "fused":
+    t[ours + "w_gate"] = target_cls((hf + "experts.gate_up_proj",), _fused_half(0))
+    t[ours + "w_up"] = target_cls((hf + "experts.gate_up_proj",), _fused_half(1))
+    t[ours + "w_down"] = target_cls((hf + "experts.down_proj",),
+                                    lambda w: np.ascontiguousarray(np.swapaxes(w, 1, 2)))
+    return t
+  for name in ("gate", "up", "down"):
+    t[ours + f"w_{name}"] = target_cls(
+        tuple(hf + f"experts.{e}.{name}_proj.weight" for e in range(E)), _stack_t)
+  return t
+
+
+def layer_shapes(config, layer: int, layout: str = "per_expert") -> dict:
+  """{HF tensor name: shape} of the MoE FFN of `layer`."""
+  D, E, h = config.d_model, config.moe.n_experts, config.moe.expert_ffn_dim
+  hf = f"model.layers.{layer}.mlp."
+  s = {hf + "gate.weight": (E, D)}
+  if layout == "fused":
+    return s | {hf + "experts.gate_up_proj": (E, 2 * h, D), hf + "experts.down_proj": (E, D, h)}
+  for e in range(E):
+    s |= {hf + f"experts.{e}.gate_proj.weight": (h, D), hf + f"experts.{e}.up_proj.weight": (h, D),
+          hf + f"experts.{e}.down_proj.weight": (D, h)}
+  return s
+
+
+def layer_to_hf(config, layer: int, params: dict) -> dict:
+  """Our MoE FFN of `layer` as per-expert HF tensors (the export)."""
+  hf, ours = f"model.layers.{layer}.mlp.", f"blocks/{layer}/mlp/"
+  out = {hf + "gate.weight": np.asarray(params[ours + "router"]).T}
+  for name in ("gate", "up", "down"):
+    w = np.asarray(params[ours + f"w_{name}"])       # [E, in, out]
+    for e in range(w.shape[0]):
+      out[hf + f"experts.{e}.{name}_proj.weight"] = w[e].T
+  return out

@@ -1,0 +1,126 @@
+"""Export a Qwen3-VL run (import-hf or a PVM stage) as a Hugging Face checkpoint, PVM included.
+
+    qwen3vl_to_hf(model)                    {HF name: array}: backbone + the authors' PVM
+    qwen3vl_config_json(config, source)     config.json (text_config with pvm_layers, ...)
+    export_qwen3vl(model, workdir, out)     writes out/ (`lngram-exp export-hf` calls it)
+
+The backbone is the import's name table read backwards (experiments/hf/
+qwen3vl_names.py; the text decoder through `names.to_hf`); the PVM branches
+go under the authors' names in the same safetensors (`model.language_model.
+layers.<i>.pvm_block.*`, experiments/hf/pvm_format.py) and config.json's
+text_config gets their `pvm_layers` / `pvm_hidden_size`, so the authors'
+`PVMQwen3VLForConditionalGeneration.from_pretrained(out)` holds what we
+trained, and our import reads it back bit for bit (DESIGN.md §11.8).
+Without PVM layers this is a plain `Qwen3VLForConditionalGeneration`
+checkpoint. A run that came from a checkpoint keeps that config.json
+(`hf_config.json` in the run): every field we do not model survives.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from experiments.hf.names import to_hf
+from experiments.hf.pvm_format import pvm_text_fields, pvm_to_hf
+from experiments.hf.qwen3vl import ARCHITECTURE, MODEL_TYPE
+from experiments.hf.qwen3vl_names import _patch, _same, _t, _text_name, vision_targets
+from experiments.hf.safetensors_io import SINGLE_NAME, HFCheckpointError, write_file
+from experiments.trainer.optimizer import path_str
+
+SOURCE_CONFIG = "hf_config.json"
+_BACK = {_same: lambda a, shape: a, _t: lambda a, shape: a.T,
+         _patch: lambda a, shape: a.T.reshape(shape)}
+
+
+def _flat(model) -> dict[str, np.ndarray]:
+  return {path_str(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(
+      nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]}
+
+
+def qwen3vl_to_hf(model) -> dict[str, np.ndarray]:
+  """Every parameter of `model` (a Qwen3VL) under its HF / the PVM authors' name."""
+  from experiments.hf.qwen3vl_names import qwen3vl_shapes
+  c = model.config
+  flat = _flat(model)
+  text = {k[len("lm/"):]: v for k, v in flat.items() if k.startswith("lm/")
+          and "/ffn_branch/" not in k}
+  out = {_text_name(name): a for name, a in to_hf(c.text, text).items()}
+  shapes = qwen3vl_shapes(c)
+  for path, target in vision_targets(c).items():
+    (name,) = target.sources
+    out[name] = np.ascontiguousarray(_BACK[target.build](flat[path], shapes[name]))
+  if c.text.ffn_branch_layers:
+    out |= pvm_to_hf(c.text, flat, "lm/")
+  return out
+
+
+def qwen3vl_config_json(config, source: dict | None = None) -> dict:
+  """config.json of `config` (over `source`, the config.json the run came from)."""
+  c, t, v = config, config.text, config.vision
+  out = dict(source or {})
+  text = dict(out.get("text_config") or {})
+  for key in ("pvm_layers", "pvm_hidden_size"):
+    text.pop(key, None)
+  rope = dict(text.get("rope_parameters") or {})
+  rope.update(rope_type="default", rope_theta=t.rope_theta, mrope_section=list(t.mrope_section),
+              mrope_interleaved=bool(t.mrope_interleaved))
+  text.update(model_type="qwen3_vl_text", vocab_size=t.vocab_size, hidden_size=t.d_model,
+              intermediate_size=t.ffn_dim, num_hidden_layers=t.n_layers,
+              num_attention_heads=t.n_heads, num_key_value_heads=t.n_kv_heads,
+              head_dim=t.head_dim, rms_norm_eps=t.norm_eps, hidden_act="silu",
+              max_position_embeddings=t.max_len, attention_bias=False,
+              tie_word_embeddings=t.tie_embeddings, rope_parameters=rope,
+              dtype=np.dtype(t.param_dtype).name, **pvm_text_fields(t))
+  text.pop("rope_scaling", None)
+  vision = dict(out.get("vision_config") or {})
+  vision.update(model_type="qwen3_vl", depth=v.depth, hidden_size=v.hidden_size,
+                num_heads=v.num_heads, intermediate_size=v.intermediate_size,
+                patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+                spatial_merge_size=v.spatial_merge_size, in_channels=v.in_channels,
+                out_hidden_size=v.out_hidden_size,
+                num_position_embeddings=v.num_position_embeddings,
+                deepstack_visual_indexes=list(v.deepstack_visual_indexes),
+                hidden_act=v.hidden_act)
+  out.update(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, text_config=text,
+             vision_config=vision, image_token_id=c.image_token_id,
+             video_token_id=c.video_token_id, vision_start_token_id=c.vision_start_token_id,
+             vision_end_token_id=c.vision_end_token_id, tie_word_embeddings=t.tie_embeddings)
+  out.pop("torch_dtype", None)
+  return out
+
+
+def export_qwen3vl(model, workdir, out, step: int) -> dict:
+  """Writes config.json + model.safetensors (+ the run's processor files) into `out`."""
+  out = Path(out).expanduser()
+  if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    raise HFCheckpointError(f"--out={out} exists and is not empty; export-hf writes a new "
+                            "checkpoint directory.")
+  workdir = Path(workdir)
+  source_path = workdir / SOURCE_CONFIG
+  source = json.loads(source_path.read_text()) if source_path.is_file() else None
+  tensors = qwen3vl_to_hf(model)
+  created = not out.exists()
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+    write_file(out / SINGLE_NAME, tensors, {"format": "pt"})
+    (out / "config.json").write_text(
+        json.dumps(qwen3vl_config_json(model.config, source), indent=2, sort_keys=True))
+    # The processor files: the run's own copy (a stage run) or the run directory's (import-hf).
+    for folder in (workdir / "processor", workdir):
+      for path in sorted(folder.glob("*")) if folder.is_dir() else ():
+        if path.is_file() and (path.name.startswith(("tokenizer", "chat_template",
+                                                     "preprocessor", "special_tokens"))
+                               or path.name == "generation_config.json"):
+          if not (out / path.name).exists():
+            shutil.copyfile(path, out / path.name)
+  except BaseException:
+    if created:
+      shutil.rmtree(out, ignore_errors=True)
+    raise
+  return {"out": str(out), "files": [SINGLE_NAME], "tensors": len(tensors), "step": int(step)}

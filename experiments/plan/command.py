@@ -1,0 +1,76 @@
+"""`lngram-exp plan`: check the mesh, provide the host devices, plan, print.
+
+The step compiles for as many XLA:CPU devices as the mesh has, on any machine:
+XLA makes N host devices when the CPU backend starts with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N`. When jax has not started a
+backend yet in this process (a plain `lngram-exp plan`) the flag and
+`jax_platforms=cpu` are set here, in process; otherwise (a backend already
+started with fewer CPU devices) the command reruns itself in a subprocess with
+that environment. Compiling on CPU also keeps an accelerator machine's memory
+untouched. The mesh is checked against the config before either, so a mesh that
+does not divide the shapes is refused in a second.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from experiments.plan.report import format_plan, plan_run, refuse_mesh
+
+DEVICES_FLAG = "--xla_force_host_platform_device_count"
+_CHILD = "LNGRAM_PLAN_SUBPROCESS"   # set in the rerun, so that it never reruns itself
+
+
+def _with_devices(flags: str, n: int) -> str:
+  flags = re.sub(rf"{DEVICES_FLAG}=\d+", "", flags or "")
+  return f"{flags} {DEVICES_FLAG}={n}".strip()
+
+
+def provide_cpu_devices(n: int) -> bool:
+  """True when this process can compile for `n` CPU devices (set up here if jax has
+  not started a backend yet); False when only a subprocess can."""
+  import jax
+  try:   # private, so guarded: unknown means "started" and leads to the subprocess
+    from jax._src import xla_bridge
+    started = xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    started = True
+  if not started:
+    os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), n)
+    jax.config.update("jax_platforms", "cpu")
+  try:
+    return len(jax.devices("cpu")) >= n
+  except RuntimeError:   # the CPU platform was left out of jax_platforms
+    return False
+
+
+def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: float = 0.4,
+                 name: str = "", argv: list[str] | None = None) -> int:
+  """Prints the plan of `config` on `mesh` (`data=8`, `fsdp=8,seq=8`; none: one device);
+  `argv`: the command line, rerun in a subprocess when this process lacks devices."""
+  import math
+
+  from experiments.plan import accelerators
+  from experiments.trainer.placement import parse_mesh
+  block = parse_mesh(mesh or "")
+  accelerators.accelerator(accelerator)   # a bad name or MFU: refused before any work
+  accelerators.projected_step_s(accelerators.accelerator(accelerator), flops=0.0,
+                                collective_bytes=0.0, devices=1, mfu=mfu)
+  sizes = refuse_mesh(config, block)
+  n = math.prod(sizes.values())
+  if not provide_cpu_devices(n):
+    if os.environ.get(_CHILD) or argv is None:
+      raise ValueError(f"plan: could not get {n} XLA:CPU devices in this process (set "
+                       f"XLA_FLAGS={DEVICES_FLAG}={n} before jax starts).")
+    env = dict(os.environ, XLA_FLAGS=_with_devices(os.environ.get("XLA_FLAGS", ""), n),
+               JAX_PLATFORMS="cpu", **{_CHILD: "1"})
+    print(f"note: rerunning in a subprocess with {DEVICES_FLAG}={n}", file=sys.stderr)
+    sys.stdout.flush()
+    return subprocess.run([sys.executable, "-m", "experiments", *argv[1:]], env=env,
+                          check=False).returncode
+  result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu)
+  print(format_plan(result, name))
+  return 0

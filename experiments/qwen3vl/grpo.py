@@ -1,0 +1,132 @@
+"""Stage II on Qwen3-VL: group sampling with images, sequence inputs, token log-probs.
+
+    sample_completions(model, batch, grid_thw, ...)  (tokens_BxN, logp_BxN), cached decode
+    sequence_inputs(batch, tokens_BxN, config, grid_thw)  [prompt | completion] rows
+    token_logp(model, seq, grid_thw)                 log π of every completion token [B, N]
+    qwen3vl_grpo_hooks(data, grpo, ...)              (prepare, loss) for the one loop
+
+The GRPO objective, advantages and hooks are the tiny VLM's
+(`experiments.vlm.grpo.policy_hooks`); what is Qwen3-VL's is here. Sampling
+prefills [image | prompt] once (the vision tower runs once; every PVM layer
+keeps the K/V of its visual memory in the cache) and then feeds one token per
+row: step i draws with fold_in(rng, i) at `temperature`, its log-probability
+taken under the untempered logits (π_old). The loss recomputes log π over the
+whole [prompt | completion] row in one forward; its position ids are built on
+the host with transformers' rope index (completion tokens are text, so they
+continue each row's positions), so the forward traces with static shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.models.generate import sample_logits
+from experiments.qwen3vl.positions import rope_index
+from experiments.vlm.grpo import policy_hooks
+from pvm_jax.data.rewards import rewards
+
+
+@nnx.jit
+def _step(model, tokens_Bx1, cache):
+  return model.decode_step(tokens_Bx1, cache)
+
+
+@jax.jit
+def _draw(logits_BxV, rng, temperature):
+  token_B = sample_logits(logits_BxV, rng, temperature=temperature)
+  logp_BxV = jax.nn.log_softmax(logits_BxV.astype(jnp.float32), axis=-1)
+  return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=1)[:, 0]
+
+
+def sample_completions(model, batch: dict, grid_thw, *, max_new_tokens: int, rng,
+                       temperature: float = 1.0):
+  """(tokens int32 [B, N], log π_old float32 [B, N]) continuing each right-packed prompt.
+
+  batch: input_ids / attention_mask [B, Tp] (real tokens first), lengths [B],
+  pixel_values [n, P]; grid_thw [images, 3].
+  """
+  ids_BxT = np.asarray(batch["input_ids"])
+  lengths_B = np.asarray(batch["lengths"], np.int32)
+  B, T = ids_BxT.shape
+  logits_BxTxV, cache = model.prefill(ids_BxT, pixel_values=jnp.asarray(batch["pixel_values"]),
+                                      image_grid_thw=grid_thw,
+                                      attention_mask_BxT=batch["attention_mask"],
+                                      cache_len=T + max_new_tokens)
+  logits_BxV = logits_BxTxV[jnp.arange(B), jnp.asarray(lengths_B) - 1]
+  temperature = jnp.asarray(temperature, jnp.float32)
+  tokens, logps = [], []
+  for i in range(max_new_tokens):
+    token_B, logp_B = _draw(logits_BxV, jax.random.fold_in(rng, i), temperature)
+    tokens.append(token_B)
+    logps.append(logp_B)
+    if i + 1 < max_new_tokens:   # the last token needs no logits after it
+      logits_BxV, cache = _step(model, token_B[:, None], cache)
+  return (np.asarray(jnp.stack(tokens, axis=1), np.int32),
+          np.asarray(jnp.stack(logps, axis=1), np.float32))
+
+
+def sequence_inputs(batch: dict, tokens_BxN, config, grid_thw) -> dict:
+  """[prompt | completion | padding] rows for the loss's one forward (host numpy):
+  seq_ids, seq_mask [B, L]; position_ids [B, 3, L]; cols [B, N] (where completion
+  token j sits); pixel_values as given."""
+  ids_BxT = np.asarray(batch["input_ids"])
+  lengths_B = np.asarray(batch["lengths"], np.int64)
+  tokens_BxN = np.asarray(tokens_BxN)
+  B, T = ids_BxT.shape
+  N = tokens_BxN.shape[1]
+  L = T + N
+  seq = np.zeros((B, L), np.int32)
+  seq[:, :T] = np.where(np.arange(T)[None] < lengths_B[:, None], ids_BxT, 0)
+  cols_BxN = lengths_B[:, None] + np.arange(N)[None]
+  seq[np.arange(B)[:, None], cols_BxN] = tokens_BxN
+  mask = np.arange(L)[None] < (lengths_B + N)[:, None]
+  position_3xBxL, _ = rope_index(seq, grid_thw, mask, config)
+  return {"seq_ids": seq, "seq_mask": mask,
+          "position_ids": np.ascontiguousarray(position_3xBxL.transpose(1, 0, 2)),
+          "cols": cols_BxN.astype(np.int32), "pixel_values": np.asarray(batch["pixel_values"])}
+
+
+def token_logp(model, seq: dict, grid_thw):
+  """log π(o_j | image, prompt, o_<j) of every completion token: [B, N] float32 (traceable)."""
+  logits_BxLxV, _ = model(seq["seq_ids"], pixel_values=seq["pixel_values"],
+                          image_grid_thw=grid_thw, attention_mask_BxT=seq["seq_mask"],
+                          position_ids=jnp.transpose(seq["position_ids"], (1, 0, 2)))
+  rows_B = jnp.arange(seq["cols"].shape[0])[:, None]
+  # The logit at column c - 1 predicts the token at column c.
+  pred_BxNxV = logits_BxLxV[rows_B, seq["cols"] - 1]
+  logp_BxNxV = jax.nn.log_softmax(pred_BxNxV.astype(jnp.float32), axis=-1)
+  tokens_BxN = jnp.take_along_axis(seq["seq_ids"], seq["cols"], axis=1)
+  return jnp.take_along_axis(logp_BxNxV, tokens_BxN[..., None], axis=-1)[..., 0]
+
+
+def qwen3vl_grpo_hooks(data, grpo, *, grid_thw, seed: int, eos: int, ref_model=None):
+  """(prepare, loss) of Stage II on Qwen3-VL over `data` (ConversationData with answers).
+
+  `batch` comes from a ConversationSampler in "prompts" mode. Rewards:
+  0.1·format + 0.9·accuracy of "<answer>N</answer>" against the row's answer
+  (pvm_jax.data.rewards), the completion decoded without special tokens.
+  """
+  grid_thw = np.asarray(grid_thw)
+
+  def sample(model, batch, rng):
+    tokens_BxN, logp_BxN = sample_completions(
+        model, batch, grid_thw, max_new_tokens=grpo.max_new_tokens, rng=rng,
+        temperature=grpo.temperature)
+    return sequence_inputs(batch, tokens_BxN, model.config, grid_thw), tokens_BxN, logp_BxN
+
+  def score(tokens_BxN, batch):
+    texts = [data.processor.decode(list(t), skip_special_tokens=True) for t in tokens_BxN]
+    answers = [data.rows[int(j)].get("answer") for j in batch["idx"]]
+    if any(a is None for a in answers):
+      raise ValueError(f"{data.path}: Stage II needs an integer 'answer' on every row "
+                       "(verifiable rewards); a row has none.")
+    return rewards(texts, answers)
+
+  def token_logp_of(model, batch):
+    return token_logp(model, batch, grid_thw)
+
+  return policy_hooks(sample, score, token_logp_of, grpo, seed=seed, eos=eos,
+                      ref_model=ref_model)

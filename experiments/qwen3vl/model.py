@@ -1,0 +1,167 @@
+"""Qwen3-VL: the vision tower + the repository's one decoder (`DecoderLM`) with multimodal RoPE.
+
+    v_MxD, deepstack = visual(pixel_values_NxP, image_grid_thw)
+    x_BxTxD = embed(input_ids), with v scattered into the image-token positions
+              (reading order over the batch: transformers' masked_scatter)
+    logits  = lm.forward_embedded(x, positions = rope_index(...) [3, B, T],
+                                  valid = attention_mask,
+                                  layer_adds = deepstack[k] at the image positions,
+                                  added to the output of LM layer k)
+
+The beside-FFN slot (PVM) reads the merged visual embeddings v, before any
+DeepStack add, per row as `visual_BxNvxD` (a row's image tokens in order,
+zero-padded to the batch's most), with the text mask = not an image token;
+the memory slot (Lngram, the arms) sees the decoder's x as in the LM.
+Parameter paths: `visual/...` (experiments/qwen3vl/vision.py), `lm/...`.
+Mirrors transformers' `Qwen3VLForConditionalGeneration` (images; no video).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.models.branches import BranchContext
+from experiments.models.lm import DecoderLM
+from experiments.qwen3vl.config import Qwen3VLConfig
+from experiments.qwen3vl.positions import rope_index
+from experiments.qwen3vl.vision import VisionTower
+
+_TOWER_STREAM = 1   # fold_in constant of the vision tower's key (see Qwen3VL.__init__)
+
+
+def _host(a):
+  """A numpy copy of a concrete array, or None under a trace."""
+  try:
+    return None if a is None else np.asarray(a)
+  except Exception:  # a tracer: shapes only
+    return None
+
+
+class Qwen3VL(nnx.Module):
+  """See the module docstring. `lm` is a `DecoderLM` of `config.text`."""
+
+  def __init__(self, config: Qwen3VLConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    # The decoder is drawn first: with the same seed it is the DecoderLM of config.text.
+    # The tower draws from a key folded off the stream's current one, not from the
+    # stream after the decoder: branches in the decoder (PVM, Lngram) then leave the
+    # tower's init unchanged, so a seed gives every arm the same backbone.
+    tower_key = jax.random.fold_in(rngs.params.key[...], _TOWER_STREAM)
+    self.lm = DecoderLM(config.text, rngs=rngs)
+    self.visual = VisionTower(config.vision, rngs=nnx.Rngs(params=tower_key))
+
+  def embed_inputs(self, input_ids_BxT, pixel_values=None, image_grid_thw=None):
+    """(x_BxTxD, layer_adds, image_mask_BxT, v_MxD): the decoder's input embeddings,
+    the DeepStack additions [B, T, D] per layer and the merged visual tokens."""
+    c = self.config
+    ids_BxT = jnp.asarray(input_ids_BxT)
+    x_BxTxD = self.lm.embed(ids_BxT)
+    image_BxT = ids_BxT == c.image_token_id
+    if pixel_values is None:
+      host = _host(input_ids_BxT)
+      if host is not None and (host == c.image_token_id).any():
+        raise ValueError("input_ids hold image tokens but no pixel_values were given.")
+      return x_BxTxD, (), image_BxT, None
+    if image_grid_thw is None:
+      raise ValueError("pixel_values need image_grid_thw.")
+    v_MxD, deepstack = self.visual(jnp.asarray(pixel_values), np.asarray(image_grid_thw))
+    M = v_MxD.shape[0]
+    host = _host(input_ids_BxT)
+    if host is not None and int((host == c.image_token_id).sum()) != M:
+      raise ValueError(f"input_ids hold {int((host == c.image_token_id).sum())} image tokens; "
+                       f"the images give {M} (image_grid_thw).")
+    # The k-th image token of the batch (reading order) takes visual token k.
+    order_BxT = jnp.clip(jnp.cumsum(image_BxT.ravel()) - 1, 0, M - 1).reshape(image_BxT.shape)
+
+    def scatter(values_MxD, base_BxTxD):
+      return jnp.where(image_BxT[..., None], values_MxD[order_BxT].astype(base_BxTxD.dtype),
+                       base_BxTxD)
+
+    x_BxTxD = scatter(v_MxD, x_BxTxD)
+    zeros_BxTxD = jnp.zeros_like(x_BxTxD)
+    layer_adds = tuple(scatter(d_MxD, zeros_BxTxD) for d_MxD in deepstack)
+    return x_BxTxD, layer_adds, image_BxT, v_MxD
+
+  def context(self, input_ids_BxT, image_BxT, v_MxD) -> BranchContext:
+    """What the slot branches read: token ids, the text mask, each row's visual tokens."""
+    ctx = BranchContext(tokens_BxT=jnp.asarray(input_ids_BxT), text_mask_BxT=~image_BxT)
+    if not self.config.text.ffn_branch_layers:
+      return ctx
+    B, T = image_BxT.shape
+    host = _host(input_ids_BxT)
+    # Traced ids: a row holds at most all M visual tokens of the batch (and T tokens).
+    n_max = (min(T, max(1, 0 if v_MxD is None else v_MxD.shape[0])) if host is None
+             else max(1, int((host == self.config.image_token_id).sum(1).max())))
+    if v_MxD is None:
+      visual_BxNvxD = jnp.zeros((B, n_max, self.config.text.d_model), self.config.text.dtype)
+      real_BxNv = jnp.zeros((B, n_max), bool)
+    else:
+      # Row b's image tokens first (stable order), then the rest: a per-row gather.
+      first_BxT = jnp.argsort(~image_BxT, axis=1, stable=True)[:, :n_max]
+      order_BxT = jnp.clip(jnp.cumsum(image_BxT.ravel()) - 1, 0,
+                           v_MxD.shape[0] - 1).reshape(B, T)
+      take_BxNv = jnp.take_along_axis(order_BxT, first_BxT, axis=1)
+      real_BxNv = jnp.take_along_axis(image_BxT, first_BxT, axis=1)
+      visual_BxNvxD = jnp.where(real_BxNv[..., None], v_MxD[take_BxNv], 0).astype(
+          self.config.text.dtype)
+    return ctx.replace(visual_BxNvxD=visual_BxNvxD, visual_valid_BxNv=real_BxNv)
+
+  def positions(self, input_ids_BxT, image_grid_thw=None, attention_mask_BxT=None,
+                mm_token_type_ids=None):
+    """Multimodal position ids int32 [3, B, T] (`positions.rope_index`)."""
+    position_3xBxT, _ = rope_index(input_ids_BxT, image_grid_thw, attention_mask_BxT,
+                                   self.config, mm_token_type_ids=mm_token_type_ids)
+    return jnp.asarray(position_3xBxT, jnp.int32)
+
+  def __call__(self, input_ids_BxT, *, pixel_values=None, image_grid_thw=None,
+               attention_mask_BxT=None, mm_token_type_ids=None, position_ids=None,
+               return_aux=False):
+    """(logits_BxTxV float32, aux). Padding (attention_mask 0) may sit on either side.
+
+    input_ids / image_grid_thw / mm_token_type_ids are read on the host to
+    build the positions unless `position_ids` [3, B, T] are given.
+    """
+    if position_ids is None:
+      position_ids = self.positions(input_ids_BxT, image_grid_thw, attention_mask_BxT,
+                                    mm_token_type_ids)
+    x_BxTxD, layer_adds, image_BxT, v_MxD = self.embed_inputs(input_ids_BxT, pixel_values,
+                                                              image_grid_thw)
+    valid_BxT = None if attention_mask_BxT is None else jnp.asarray(attention_mask_BxT,
+                                                                    bool)
+    out = self.lm.forward_embedded(
+        x_BxTxD, positions=jnp.asarray(position_ids, jnp.int32), valid=valid_BxT,
+        context=self.context(input_ids_BxT, image_BxT, v_MxD), layer_adds=layer_adds,
+        return_aux=True)
+    return out
+
+  # --- decoding -----------------------------------------------------------------
+
+  def prefill(self, input_ids_BxT, *, pixel_values=None, image_grid_thw=None,
+              attention_mask_BxT=None, mm_token_type_ids=None, cache_len: int):
+    """(logits_BxTxV, cache) over right-padded prompts (`generate.pack_right` packs
+    any padding): the vision tower runs once; the cache holds every layer's K/V,
+    the PVM layers' visual K/V, and each row's next position (rope deltas)."""
+    ids = np.asarray(input_ids_BxT)
+    B, T = ids.shape
+    mask_BxT = (np.ones((B, T), bool) if attention_mask_BxT is None
+                else np.asarray(attention_mask_BxT).astype(bool))
+    lengths_B = mask_BxT.sum(1)
+    if (mask_BxT != (np.arange(T)[None] < lengths_B[:, None])).any():
+      raise ValueError("prefill: rows must be right-padded (experiments.qwen3vl.generate."
+                       "pack_right).")
+    position_3xBxT = self.positions(ids, image_grid_thw, mask_BxT, mm_token_type_ids)
+    x_BxTxD, layer_adds, image_BxT, v_MxD = self.embed_inputs(ids, pixel_values,
+                                                              image_grid_thw)
+    return self.lm.prefill_embedded(
+        x_BxTxD, lengths=jnp.asarray(lengths_B, jnp.int32), cache_len=cache_len,
+        context=self.context(ids, image_BxT, v_MxD), positions=position_3xBxT,
+        layer_adds=layer_adds)
+
+  def decode_step(self, tokens_Bx1, cache):
+    """One text token per row (t = h = w = the cache's next position); returns
+    (logits_BxV float32, next cache)."""
+    ctx = BranchContext(text_mask_BxT=jnp.ones(tokens_Bx1.shape, bool))
+    return self.lm.decode_step(tokens_Bx1, cache, context=ctx)

@@ -1,0 +1,128 @@
+"""The report's ID-analysis part (experiments.report_ids): every seed of r16 / r64 and
+the random-router control, mean ± sd, the surface readers and rho against the best of
+them, the control's verdict, and pending cells for missing or older analysis files."""
+
+import json
+import types
+
+import pytest
+
+from experiments import report_ids, reproduce
+
+LEVELS = ("local", "document")
+
+
+def _id_knn(id_ap, *, surface=0.25, p=0.002, boot=True, protocol=True):
+  aps = {"H_model": 0.4, "Q_route": 0.35, "ID": id_ap, "nuisance": 0.1, "surface": surface,
+         "surface_byte": surface - 0.05}
+  layer = {"ap": {r: dict.fromkeys(LEVELS, v) for r, v in aps.items()},
+           "rho": dict.fromkeys(LEVELS, (id_ap - 0.1) / 0.3),
+           "rho_surface": dict.fromkeys(LEVELS, (id_ap - surface) / (0.4 - surface)),
+           "best_surface": dict.fromkeys(LEVELS, "surface"),
+           "ordering": dict.fromkeys(LEVELS, True),
+           "permutation": {lv: {"p": p, "observed": id_ap, "null_max": id_ap - 0.05}
+                           for lv in LEVELS}}
+  if boot:
+    layer["bootstrap"] = {lv: {"rho": [0.1, 0.9], "rho_surface": [-0.2, 0.5]} for lv in LEVELS}
+  out = {"n_perm": 500, "perm_strata": "nuisance_byte", "perm_movable": 0.4,
+         "query_file_max_share": 0.05, "layers": {"1": layer}}
+  if protocol:
+    out["protocol"] = {"version": 2}
+  return out
+
+
+def _utilisation(dead=0):
+  return {"codes_per_route": 16, "layers": {"1": {"n_eff": 9.5, "normalised_entropy": 0.81,
+                                                  "top_freq": 0.3, "dead_codes": dead,
+                                                  "total_codes": 256}}}
+
+
+@pytest.fixture
+def fake_root(tmp_path, monkeypatch):
+  """Runs of three arms under tmp_path: r16 seeds 0-2, r64 seed 0, the control seeds 0-2."""
+  runs = [types.SimpleNamespace(experiment="bytes", name=name, seed=s, key=f"bytes/{name}_s{s}")
+          for name, seeds in (("baseline", (0,)), ("lngram_r16", (0, 1, 2)),
+                              ("lngram_r64", (0,)), ("lngram_r16_frozen", (0, 1, 2)))
+          for s in seeds]
+  monkeypatch.setattr(reproduce, "plan", lambda: runs)
+  monkeypatch.setattr(reproduce, "run_dir", lambda run, root=None: tmp_path / run.key)
+  monkeypatch.setattr(reproduce, "finished", lambda run, root=None: True)
+
+  def write(key, name, result):
+    (tmp_path / key / "analysis").mkdir(parents=True, exist_ok=True)
+    (tmp_path / key / "analysis" / f"{name}.json").write_text(json.dumps(result))
+
+  for s, ap in enumerate((0.30, 0.32, 0.34)):
+    write(f"bytes/lngram_r16_s{s}", "id_knn", _id_knn(ap))
+    write(f"bytes/lngram_r16_s{s}", "utilisation", _utilisation(dead=s))
+    write(f"bytes/lngram_r16_frozen_s{s}", "id_knn", _id_knn(0.2 + 0.01 * s))
+  write("bytes/lngram_r64_s0", "id_knn", _id_knn(0.36))
+  return tmp_path, write
+
+
+def test_section_shows_every_seed_the_surface_readers_and_the_control(fake_root):
+  root, _ = fake_root
+  text = report_ids.id_section(root)
+  assert "every seed of Lngram v2 r16 and r64" in text
+  # r16: mean ± sd over 3 seeds of ID-KNN 0.30 / 0.32 / 0.34; surface readers printed.
+  assert ("| bytes/lngram_r16 (3) | 1 | local | 0.4000 ± 0.0000 | 0.3500 ± 0.0000 | "
+          "0.3200 ± 0.0200 | 0.1000 ± 0.0000 | 0.2500 ± 0.0000 | 0.2000 ± 0.0000 | "
+          "73.33% ± 6.67% | 46.67% ± 13.33% |") in text
+  # One seed: rho with its bootstrap CI.
+  assert "| bytes/lngram_r64 (1) | 1 | local |" in text and "86.67% [10.00%, 90.00%]" in text
+  assert "| bytes/lngram_r16_frozen (3) | 1 | document |" in text
+  assert "normalised lines" in text and "nuisance_byte" in text
+  assert "utilisation (C.1, Table 9) | bytes/lngram_r16 (3) |" in text
+  assert "| utilisation (C.1, Table 9) | bytes/lngram_r64 (0) | pending: utilisation not run" in text
+  assert "predate this protocol" not in text
+
+
+def test_claims_over_all_seeds_and_the_control_verdict(fake_root):
+  root, write = fake_root
+  claims = {c: (ours, v) for c, _, ours, v in report_ids.id_claims(root)}
+  ours, verdict = claims["the IDs alone carry the semantics: ID-KNN above the permutation "
+                         "null (§3.2)"]
+  assert verdict.startswith("reproduced: p ≤ 0.05 in 8/8 run × layer × target settings")
+  assert "bytes/lngram_r16 n=3, bytes/lngram_r64 n=1" in ours
+  # Per arm: r16's mean rho vs the best surface is 46.67% (below half), r64's 73.33%.
+  ours, verdict = claims["... and over the best surface reader (bytes alone)"]
+  assert verdict == ("inconclusive at this scale: the arm's mean ρ vs best surface over "
+                     "seeds > 50% in 2/4 arm × settings")
+  assert "bytes/lngram_r16 (n=3) mean ρ vs best surface per setting 46.67%" in ours
+  assert claims["ID-KNN keeps most of the hidden state's excess AP over the nuisance reader "
+                "(§3.2)"][1].startswith("reproduced: the arm's mean ρ vs nuisance")
+  control = claims["a learned router carries more than a random one (lngram_r16 vs "
+                   "lngram_r16_frozen)"][1]
+  assert control.startswith("reproduced: every learned seed above every frozen-router seed "
+                            "in 2/2 settings (n = 3 vs 3")
+  assert "p = 0.05" in control
+  util = claims["the codes are used, not collapsed (C.1)"][1]
+  assert util.startswith("reproduced: no collapse") and "up to 2 / 256" in util
+  # A control seed as good as a learned one: no longer every learned seed above.
+  write("bytes/lngram_r16_frozen_s2", "id_knn", _id_knn(0.31))
+  control = {c: v for c, _, _, v in report_ids.id_claims(root)}[
+      "a learned router carries more than a random one (lngram_r16 vs lngram_r16_frozen)"]
+  assert control.startswith("not reproduced: every learned seed above every frozen-router "
+                            "seed in 0/2")
+  assert report_ids.control_verdict([_id_knn(0.3)], [_id_knn(0.1)]).startswith(
+      "inconclusive (too few seeds")
+
+
+def test_older_results_print_without_the_new_columns(fake_root):
+  root, write = fake_root
+  old = _id_knn(0.3, boot=False, protocol=False)
+  for key in ("rho_surface", "best_surface"):
+    del old["layers"]["1"][key]
+  del old["layers"]["1"]["ap"]["surface_byte"]
+  write("bytes/lngram_r64_s0", "id_knn", old)
+  text = report_ids.id_section(root)
+  assert "| bytes/lngram_r64 (1) | 1 | local | 0.4000 | 0.3500 | 0.3000 | 0.1000 | 0.2500 | – |" in text
+  assert "1 of the 7 id_knn results predate this protocol" in text
+  claims = {c: v for c, _, _, v in report_ids.id_claims(root)}
+  assert claims["... and over the best surface reader (bytes alone)"].startswith("pending")
+
+
+def test_nothing_finished_is_pending(tmp_path, monkeypatch):
+  monkeypatch.setattr(reproduce, "plan", lambda: [])
+  assert "pending: no Lngram v2 run" in report_ids.id_section(tmp_path)
+  assert all(v.startswith("pending") for *_, v in report_ids.id_claims(tmp_path))
