@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -433,10 +434,15 @@ def status(run: Run, root: Path) -> str:
   return "part" if (run_dir(run, root) / "metrics.jsonl").exists() else "todo"
 
 
-def _call(command, log_path: Path) -> int:
+def _call(command, log_path: Path, cache_dir: Path | None = None) -> int:
   log_path.parent.mkdir(parents=True, exist_ok=True)
+  env = dict(os.environ)
+  if cache_dir is not None:
+    # Every seed of an arm compiles the same programs: a persistent cache compiles them once.
+    # The cached executable is the one XLA would build, so results are unchanged.
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir.absolute()))
   with open(log_path, "a") as log:
-    return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
@@ -474,7 +480,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     command = run.command(root, smoke)
     print(f"run {run.key}: {' '.join(command)}", flush=True)
     code = _call([sys.executable, "-m", "experiments", *command[1:]],
-                 workdir.parent / f"{workdir.name}.log")
+                 workdir.parent / f"{workdir.name}.log", cache_dir=root / ".xla_cache")
     if code != 0:
       print(f"run {run.key} exited {code}; see its log", flush=True)
       return code

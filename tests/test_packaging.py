@@ -36,6 +36,16 @@ def test_ci_script_reads_the_readme_markers():
     assert "<!-- \\/test-command -->" in script or END_MARKER in script
 
 
+def test_the_test_command_installs_the_plugins_its_flags_need():
+    # `-n N` is pytest-xdist's flag: without the plugin in the dev extra, a fresh CI machine
+    # would fail with "unrecognized arguments: -n".
+    (line,) = _readme_test_command_lines()
+    dev = " ".join(_pyproject()["project"]["optional-dependencies"]["dev"])
+    if re.search(r"\s-n\s*\d", line):
+        assert "pytest-xdist" in dev
+    assert "pip install -e '.[dev]'" in line
+
+
 def _pyproject():
     with open(ROOT / "pyproject.toml", "rb") as f:
         return tomllib.load(f)

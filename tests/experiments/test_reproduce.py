@@ -3,6 +3,7 @@ and its summary table (experiments.report): paired seeds, stale runs, verdicts f
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -286,3 +287,15 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   assert reproduce.finished(base, tmp_path) and base.key not in report.pending_runs(tmp_path)
   assert ("| `vlm_long/base_s0` | `vlm_long_base.py` | – | done | 0.5000 | 0.2500 | 512 |"
           in report.vlm_table(tmp_path))
+
+
+def test_queued_runs_share_one_persistent_compilation_cache(tmp_path, monkeypatch):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  log = tmp_path / "run.log"
+  show = "import os; print(os.environ['JAX_COMPILATION_CACHE_DIR'])"
+  assert reproduce._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
+  assert log.read_text().strip() == str((tmp_path / "c").absolute())
+  # A cache the user chose is kept.
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+  assert reproduce._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
+  assert log.read_text().split() == [str((tmp_path / "c").absolute()), str(tmp_path / "mine")]
