@@ -6,6 +6,10 @@
                  interpret mode on CPU); and the fused variant that gathers
                  and RMS-normalises the rows from tables by row id inside the
                  kernel (Triton only).
+  flip_scores    the one-bit surrogate's backward: scores of g against a
+                 table row and its one-bit neighbours (row XOR 2^k), and the
+                 scatter-add of g onto the row (atomics; Triton only, glue
+                 `lngram_jax.surrogate_pallas`).
 
 The ops are standalone: this package imports nothing from `lngram_jax`,
 `pvm_jax` or `experiments`. They are the readout core of "Lngram v2: Latent

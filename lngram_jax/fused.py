@@ -35,8 +35,14 @@ from kernels.sink_readout.common import check_triton_blocks, sink_logit_cotangen
 from lngram_jax import checks, core
 from lngram_jax.addressing import codes_from_logits, ngram_rows
 from lngram_jax.config import LngramConfig
-from lngram_jax.lookup import surrogate_logit_grad, table_cotangent
+from lngram_jax.lookup import (
+    default_surrogate_impl,
+    resolve_surrogate_impl,
+    surrogate_logit_grad,
+    table_cotangent,
+)
 from lngram_jax.readout import absorb_query, absorbed_readout, project_values
+from lngram_jax.surrogate_pallas import onebit_cotangents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +52,15 @@ class FusedSpec:
   config: the layer's config (orders, bits, surrogate, dtype, eps, heads).
   block_sizes: kernel tiles; None = `BlockSizes.get_default("triton", Dr)`.
   interpret: run the kernels in interpret mode; None = only on CPU.
+  surrogate_impl: the lookup backward's `surrogate_impl` (DESIGN.md §2.7); None = the
+    module default when the backward is traced. `fused_read` fixes it when the forward
+    is traced: the backward may be traced outside a `use_surrogate_impl` context.
   """
 
   config: LngramConfig
   block_sizes: BlockSizes | None = None
   interpret: bool | None = None
+  surrogate_impl: str | None = None
 
   @property
   def blocks(self) -> BlockSizes:
@@ -105,6 +115,10 @@ def fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: Fused
   if jax.default_backend() == "tpu":
     raise NotImplementedError(
         "fused_readout has a Triton (GPU) kernel only; on TPU use readout='pallas'.")
+  if spec.blocks.layout != "per_token":
+    # The fused kernel walks its tokens one by one; a token-block tile would be ignored.
+    raise ValueError(f"fused_readout: block_sizes.layout={spec.blocks.layout!r}; the fused "
+                     "kernel has the 'per_token' layout only (readout='pallas' takes both).")
   check_triton_blocks(spec.blocks.block_n, spec.blocks.block_r)
   check_triton_blocks(spec.blocks.bwd_n, spec.blocks.bwd_r)
   sink_logit = c.sink_logit if sink_logit is None else sink_logit
@@ -124,8 +138,9 @@ def fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: Fused
 def fused_read(p: core.LngramParams, config: LngramConfig, q_BxTxHqxDh, logits_BxTxRxM, *,
                segment_ids=None, valid=None):
   """The core's `read` piece for `readout="pallas_fused"`: (o, lse)."""
-  return fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p, FusedSpec(config),
-                       segment_ids=segment_ids, valid=valid)
+  spec = FusedSpec(config, surrogate_impl=default_surrogate_impl())
+  return fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p, spec, segment_ids=segment_ids,
+                       valid=valid)
 
 
 def _kernel_rows(rows, valids):
@@ -163,15 +178,23 @@ def _fused_core_bwd(spec, residuals, cotangents):
   # From here on exactly `ngram_lookup`'s backward, per order, on g = ∂L/∂m^(n).
   d_tables = []
   d_logits = jnp.zeros(logits.shape, jnp.promote_types(logits.dtype, jnp.float32))
+  impl = spec.surrogate_impl
   for n, table, rows_BxTxR, valid_BxT, dx in zip(c.orders, tables, rows, valids, dxs,
                                                   strict=True):
+    if resolve_surrogate_impl(impl, c.surrogate) == "triton":  # both in one kernel
+      d_table, d_z = onebit_cotangents(
+          table, logits, rows_BxTxR, dx.reshape(*rows_BxTxR.shape, -1), order=n, bits=c.bits,
+          tau=c.surrogate_tau, scale=c.surrogate_scale, valid_BxT=valid_BxT)
+      d_tables.append(d_table)
+      d_logits += d_z
+      continue
     acc = jnp.promote_types(table.dtype, jnp.float32)
     g_BxTxRxDm = dx.reshape(*rows_BxTxR.shape, -1).astype(acc) * valid_BxT[
         :, :, None, None].astype(acc)
     d_tables.append(table_cotangent(table, rows_BxTxR, g_BxTxRxDm))
     d_logits += surrogate_logit_grad(
         table, logits, codes, rows_BxTxR, g_BxTxRxDm, order=n, bits=c.bits,
-        surrogate=c.surrogate, tau=c.surrogate_tau, scale=c.surrogate_scale)
+        surrogate=c.surrogate, tau=c.surrogate_tau, scale=c.surrogate_scale, impl=impl)
   d_sink = sink_logit_cotangent(sink_logit, out, lse, dout, dlse)
   return (dq.reshape(q_abs.shape), tuple(d_tables), d_logits.astype(logits.dtype),
           d_norm.astype(mem_norm.dtype), d_sink, None, None, None)

@@ -20,7 +20,9 @@ Two implementations of the exact and one-bit router gradients compute the same
 maths (DESIGN.md §2.7): "gather" (below: one gather of B·T·R rows per
 candidate) and "blocks" (`surrogate_blocks`: one gather of all of a window's
 candidate rows, windows in chunks). The brute-force loops they are both tested
-against are `lngram_jax.reference`. The choice is
+against are `lngram_jax.reference`. A third, "triton" (`surrogate_pallas`,
+one-bit only, opt-in), computes the one-bit scores and the table gradient in one
+Pallas kernel; for the other surrogates it runs what "auto" runs. The choice is
 `surrogate_impl=`, else the module default (`use_surrogate_impl`), "auto":
 whichever `experiments.bench.layer` measured faster for that surrogate.
 """
@@ -37,8 +39,9 @@ from lngram_jax import checks
 from lngram_jax.addressing import codes_from_logits, ngram_rows, shift_left, shift_right
 from lngram_jax.config import SURROGATES
 from lngram_jax.surrogate_blocks import surrogate_logit_grad_blocks
+from lngram_jax.surrogate_pallas import onebit_cotangents
 
-SURROGATE_IMPLS = ("auto", "gather", "blocks")
+SURROGATE_IMPLS = ("auto", "gather", "blocks", "triton")
 _default_impl = ["auto"]
 # What "auto" runs: what experiments.bench.layer measured faster (BENCHMARKS.md,
 # "Surrogate backward in blocks"). fwd+bwd over `none`, same run, CPU: shape
@@ -49,9 +52,14 @@ _AUTO_IMPL = {"onebit": "blocks", "exact": "blocks"}
 
 
 def resolve_surrogate_impl(impl: str | None, surrogate: str) -> str:
-  """The implementation ("gather" or "blocks") that `impl` runs for `surrogate`."""
+  """The implementation ("gather", "blocks" or "triton") that `impl` runs for `surrogate`.
+
+  "triton" has a one-bit kernel only: for the other surrogates it runs "auto"'s choice.
+  """
   impl = default_surrogate_impl() if impl is None else impl
   _check_impl(impl)
+  if impl == "triton" and surrogate != "onebit":
+    impl = "auto"
   return _AUTO_IMPL.get(surrogate, "gather") if impl == "auto" else impl
 
 
@@ -99,8 +107,9 @@ def ngram_lookup(
     valid: optional bool [B, T] token mask (padding reads nothing).
     surrogate: "exact", "onebit", "ste" or "none" (router gradient only).
     tau, scale: τ and λ.
-    surrogate_impl: "auto", "gather" or "blocks" (same values); None: the module
-      default.
+    surrogate_impl: "auto", "gather", "blocks" (same values) or "triton" (the
+      one-bit backward as one Pallas kernel, GPU or CPU interpret mode); None:
+      the module default.
 
   Returns:
     mem_BxTxRxDm in the table's dtype.
@@ -158,6 +167,13 @@ def _hard_from_forward(surrogate: str, impl: str) -> bool:
 
 def _lookup_bwd(order, bits, surrogate, tau, scale, impl, residuals, g_BxTxRxDm):
   table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR, valid_BxT, mem = residuals
+  if resolve_surrogate_impl(impl, surrogate) == "triton":
+    # Both cotangents in one kernel, which masks invalid windows and widens g itself:
+    # no float32 copy of g is written for it.
+    d_table, d_logits = onebit_cotangents(
+        table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, order=order, bits=bits, tau=tau,
+        scale=scale, valid_BxT=valid_BxT)
+    return d_table, d_logits.astype(logits_BxTxRxM.dtype), None, None, None
   acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
   g_BxTxRxDm = g_BxTxRxDm.astype(acc) * valid_BxT[:, :, None, None].astype(acc)
   d_table = table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm)
@@ -203,6 +219,9 @@ def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
   z_BxTxRxM = logits_BxTxRxM.astype(acc)
   if surrogate == "none":
     return jnp.zeros_like(z_BxTxRxM)
+  if resolve_surrogate_impl(impl, surrogate) == "triton":  # the kernel's scores, no table add
+    return onebit_cotangents(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, order=order,
+                             bits=bits, tau=tau, scale=scale, with_table_grad=False)[1]
   if resolve_surrogate_impl(impl, surrogate) == "blocks" and surrogate in ("exact", "onebit"):
     return surrogate_logit_grad_blocks(
         table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, order=order, bits=bits,

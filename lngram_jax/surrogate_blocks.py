@@ -110,7 +110,7 @@ def _exact_from_scores(scores_BTRxnxC, z_BTRxnxM, tau):
   return tau * (weighted_BTRxnxM - p_BTRxnxM * total_BTRxn[..., None])
 
 
-def _onebit_from_scores(scores_BTRxcand, rows_BTR, z_BTRxnxM, *, bits, tau):
+def onebit_from_scores(scores_BTRxcand, rows_BTR, z_BTRxnxM, *, bits, tau):
   """λ-free one-bit surrogate of every slot: τ p(1-p)·s_j, [BTR, n, M].
 
   s_j = (1 - 2b_j)(⟨g, E_flip⟩ - ⟨g, E_hard⟩) (App. A.3), from `_onebit_rows`' scores.
@@ -222,7 +222,7 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
     contrib_BTRxnxM = _exact_from_scores(scores_BTRxcand.reshape(-1, n, 2**bits),
                                          z_at_BTRxnxM, tau)
   else:
-    contrib_BTRxnxM = _onebit_from_scores(scores_BTRxcand, rows_BTR, z_at_BTRxnxM,
+    contrib_BTRxnxM = onebit_from_scores(scores_BTRxcand, rows_BTR, z_at_BTRxnxM,
                                           bits=bits, tau=tau)
   contrib_BxTxRxnxM = contrib_BTRxnxM.reshape(B, T, R, n, M)
   d_z = jnp.zeros_like(z_BxTxRxM)

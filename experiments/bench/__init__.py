@@ -13,6 +13,9 @@
                  decoder with Lngram v2 (its rows and model: `scan_lm.py`)
   tokens         token-data throughput: prepare-data, the loader against the step
   hf_import      Hugging Face checkpoint import time and peak memory, ours vs transformers
+  hf_train_step  the Table 13 recipe's training step at Qwen3-1.7B widths, with and
+                 without Lngram v2 (step time, peak memory, overhead target)
+  targets        the GPU suite's absolute targets as PASS/FAIL lines (used by the benches)
   scale_check    the main arms at d 512 x 8 layers, 1,000 steps each, under a deadline
                  (the GPU scale check; `scale_check.sh` runs it alone)
   gpu_suite.sh   the GPU check suite (kernel tests, then the benchmarks above)

@@ -13,7 +13,7 @@
 #                stdout+stderr behind a header with its command, then its exit code and
 #                wall seconds), suite_summary.json, env.json, kernels_bench.json,
 #                lngram_bench.json, decode_8b.json, decode_wide.json, pvm_cost.json,
-#                lm_efficiency.json,
+#                lm_efficiency.json, hf_train_step.json (step 5c),
 #                scale/ (the scale check's curves and scale_check.json, step 9).
 #   PY           the Python to use (default python3).
 #   SKIP_WHEELS  1: do not install the wheels of .whl/ (flax, ml_collections) into
@@ -177,7 +177,8 @@ if [ "$SMOKE" = 1 ]; then
     --json "$OUT/lngram_bench.json"
 else
   step lngram-bench 55 "$PY" -m experiments.bench.layer --shape gpu --repeats 10 \
-    --readouts absorbed --surrogates none,onebit --json "$OUT/lngram_bench.json"
+    --readouts absorbed --surrogates none,onebit --surrogate-impls blocks,triton \
+    --json "$OUT/lngram_bench.json"
 fi
 
 # --- 5. PVM decode overhead, d 1024 x 24 layers, 3 branches (~70 s) -------------------------
@@ -209,6 +210,20 @@ if [ "$SMOKE" = 1 ]; then
 else
   step pvm-cost 120 "$PY" -m experiments.bench.pvm_decode_cost --widths 8b --depths 18,36 \
     --new-tokens 64 --repeats 5 --json "$OUT/pvm_cost.json"
+fi
+
+# --- 5c. Lngram v2 training-step cost at Qwen3-1.7B widths, Table 13's recipe (~110 s?) ---
+# (the time is an estimate: the step has not yet run on a GPU)
+# experiments/bench/hf_train_step.py: a synthetic checkpoint written by the import path,
+# the recipe with Lngram v2 at layers 2 and 14 (1-based) against it without memory; the
+# step-0 logits must agree before timing. 16 of the 28 layers, so that the checkpoint
+# write and two compiles fit the step (a shallower backbone overstates the overhead).
+if [ "$SMOKE" = 1 ]; then
+  step hf-train-step 60 "$PY" -m experiments.bench.hf_train_step --tiny --repeats 2 \
+    --json "$OUT/hf_train_step.json"
+else
+  step hf-train-step 120 "$PY" -m experiments.bench.hf_train_step --layers 16 \
+    --memory-layers 1,13 --repeats 5 --json "$OUT/hf_train_step.json"
 fi
 
 # STEP 6: VLM training (not part of this suite)
@@ -257,7 +272,8 @@ fi
 # (experiments/bench/scale_check.py, ~9 min). Needs its own slot: it runs on what the steps
 # above leave of BUDGET_S, with its deadline 20 s inside the step's limit; to run it alone:
 #   SKIP_STEPS="pytest-gpu pytest-kernels kernels-bench lngram-bench decode-8b decode-wide \
-#     lm-efficiency lngram-r512" BUDGET_S=560 OUT=<dir> bash experiments/bench/gpu_suite.sh
+#     pvm-cost hf-train-step lm-efficiency lngram-r512 moe-ffn" BUDGET_S=560 OUT=<dir> \
+#     bash experiments/bench/gpu_suite.sh
 # (or experiments/bench/scale_check.sh). Curves: $OUT/scale/<arm>.jsonl.
 scale_left=$(awk -v b="$BUDGET_S" -v e="$(elapsed "$SUITE_T0")" 'BEGIN { printf "%d", b - e }')
 scale_budget=$(( scale_left > 550 ? 510 : scale_left - 40 ))

@@ -4,7 +4,7 @@
     python -m experiments.bench.kernels --shape r64     # one readout shape
     python -m experiments.bench.kernels --shape tiny    # CPU smoke run (tiny shapes, seconds)
     python -m experiments.bench.kernels --sweep         # also try a few Pallas block sizes
-    python -m experiments.bench.kernels --forms pallas  # a subset of literal,absorbed,pallas,pallas_fused
+    python -m experiments.bench.kernels --forms pallas  # a subset of the forms (see --help)
     python -m experiments.bench.kernels --json out.json # also the rows as JSON (rewritten after each table)
 
 Readout rows take (q [N, Hq, dh], x̂ [N, R, D], W_K, W_V [D, Hkv, dh]) as
@@ -16,13 +16,21 @@ bandwidth measured in the same run (copying x̂: one read, one write), and
 r64/m4/KV8/mem128, B = 8, T = 1024, bf16 activations and the one-bit
 surrogate, forward and forward + backward (all parameter gradients), with the
 readouts "pallas_fused" (table rows gathered and normalised inside the
-kernel: x̂ never in HBM), "pallas", "absorbed" and "literal".
+kernel: x̂ never in HBM), "pallas_fused+triton" (the same with its backward's table
+gradient and one-bit surrogate in one kernel: `surrogate_impl="triton"`, DESIGN.md §2.7),
+"pallas", "absorbed" and "literal".
 
 Peak memory: "compiled GiB" is XLA's compiled memory analysis of the
 forward + backward function (arguments + outputs + temporaries); "device GiB"
 is `memory_stats()["peak_bytes_in_use"]` after the row, a process-wide high
 water mark that only grows (the layer rows run first, the fused Pallas layer
 row first of all, so that row's figure is its own).
+
+"pallas token_block" is the Pallas readout with `BlockSizes(layout=
+"token_block")` (a block of tokens in each dot, `kernels/sink_readout/
+triton_amortised.py`, default token blocks), timed in the readout tables of
+R <= 64 only (r64, tiny), the shapes it is meant for; `--sweep` adds a few of
+its block sizes (TOKEN_BLOCK_SWEEP) there.
 
 The fused kernel needs the tables, so it appears in the layer rows only. On
 CPU the Pallas kernels run in interpret mode: their times there measure the
@@ -32,6 +40,7 @@ interpreter, not the kernel, and mean nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -42,8 +51,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiments.bench import targets
 from kernels.sink_readout import BlockSizes
 from lngram_jax import LngramConfig, LngramV2, absorbed_readout, literal_readout, sink_logit
+from lngram_jax.lookup import use_surrogate_impl
 from lngram_jax.pallas import pallas_readout
 
 
@@ -79,6 +90,15 @@ SWEEP = (BlockSizes(block_r=32, block_r_bwd=16, num_warps=4),
          BlockSizes(block_r=64, block_r_bwd=32, num_warps=8),
          BlockSizes(block_r=128, block_r_bwd=32, num_warps=8),
          BlockSizes(block_r=128, block_r_bwd=64, num_warps=8))
+
+# Token-block layout at r64 (D 256): tokens per dot x route blocks; the backward's stacked
+# mem/dmem tiles are block_n·block_r_bwd rows.
+TOKEN_BLOCK_SWEEP = (
+    BlockSizes(block_n=2, block_r=32, block_r_bwd=16, num_warps=4, layout="token_block"),
+    BlockSizes(block_n=2, block_r=64, block_r_bwd=16, num_warps=8, layout="token_block"),
+    BlockSizes(block_n=4, block_r=16, block_r_bwd=8, num_warps=4, layout="token_block"),
+    BlockSizes(block_n=4, block_r=32, block_r_bwd=8, num_warps=8, layout="token_block"))
+TOKEN_BLOCK_MAX_R = 64
 
 GIB = 2.0**30
 
@@ -199,35 +219,45 @@ def bench_layer(spec, readouts, *, repeats, inner, record=None):
   kh, kg = jax.random.split(jax.random.key(1))
   h = jax.random.normal(kh, (B, T, c.d_model), c.dtype)
   g = jax.random.normal(kg, (B, T, c.d_model), c.dtype)
-  for readout in readouts:
+  for name in readouts:
+    # "<readout>+<surrogate impl>": the layer traced with that backward (DESIGN.md §2.7).
+    readout, _, impl = name.partition("+")
     try:
-      model = LngramV2(base.replace(readout=readout), rngs=nnx.Rngs(0))
-      k_o, k_c = jax.random.split(jax.random.key(2))  # make the zero-init output live
-      model.w_o[...] = 0.02 * jax.random.normal(k_o, model.w_o.shape, model.w_o.dtype)
-      model.conv_kernel[...] = 0.1 * jax.random.normal(
-          k_c, model.conv_kernel.shape, model.conv_kernel.dtype)
-      graphdef, params = nnx.split(model)
-
-      def loss(params, h, g, graphdef=graphdef):
-        y = nnx.merge(graphdef, params)(h)
-        return jnp.sum(y.astype(jnp.float32) * g.astype(jnp.float32))
-
-      forward = compile_fn(
-          jax.jit(lambda params, h, graphdef=graphdef: nnx.merge(graphdef, params)(h)),
-          params, h)
-      both = compile_fn(jax.jit(jax.value_and_grad(loss)), params, h, g)
-      fwd = time_ms(forward, params, h, repeats=repeats, inner=inner)
-      fwd_bwd = time_ms(both, params, h, g, repeats=repeats, inner=inner)
-      peak = compiled_peak_gib(both)
+      with use_surrogate_impl(impl) if impl else contextlib.nullcontext():
+        fwd, fwd_bwd, peak = _time_layer(base.replace(readout=readout), h, g, repeats=repeats,
+                                         inner=inner)
     except Exception as e:
       error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-      print(f"| {readout} | error: {error} |")
-      record.append(dict(table="layer", readout=readout, error=error))
+      print(f"| {name} | error: {error} |")
+      record.append(dict(table="layer", readout=name, error=error))
       continue
-    print(f"| {readout} | {fwd:.3f} | {fwd_bwd:.3f} | {peak:.2f} | {device_peak_gib()} |")
-    record.append(dict(table="layer", readout=readout, d_model=c.d_model, routes=c.routes,
+    print(f"| {name} | {fwd:.3f} | {fwd_bwd:.3f} | {peak:.2f} | {device_peak_gib()} |")
+    record.append(dict(table="layer", readout=name, d_model=c.d_model, routes=c.routes,
                        batch=B, time=T, dtype=jnp.dtype(c.dtype).name, fwd_ms=fwd,
                        fwd_bwd_ms=fwd_bwd, compiled_gib=peak, device_gib=device_peak_gib()))
+
+
+def _time_layer(config, h, g, *, repeats, inner):
+  """(fwd ms, fwd+bwd ms, compiled GiB) of one LngramV2 layer of `config`."""
+  model = LngramV2(config, rngs=nnx.Rngs(0))
+  k_o, k_c = jax.random.split(jax.random.key(2))  # make the zero-init output live
+  model.w_o[...] = 0.02 * jax.random.normal(k_o, model.w_o.shape, model.w_o.dtype)
+  model.conv_kernel[...] = 0.1 * jax.random.normal(
+      k_c, model.conv_kernel.shape, model.conv_kernel.dtype)
+  graphdef, params = nnx.split(model)
+
+  def loss(params, h, g, graphdef=graphdef):
+    y = nnx.merge(graphdef, params)(h)
+    return jnp.sum(y.astype(jnp.float32) * g.astype(jnp.float32))
+
+  forward = compile_fn(
+      jax.jit(lambda params, h, graphdef=graphdef: nnx.merge(graphdef, params)(h)),
+      params, h)
+  both = compile_fn(jax.jit(jax.value_and_grad(loss)), params, h, g)
+  fwd = time_ms(forward, params, h, repeats=repeats, inner=inner)
+  fwd_bwd = time_ms(both, params, h, g, repeats=repeats, inner=inner)
+  peak = compiled_peak_gib(both)
+  return fwd, fwd_bwd, peak
 
 
 def main(argv=None):
@@ -236,9 +266,10 @@ def main(argv=None):
                       choices=["all", "tiny", "layer", *READOUT_SHAPES])
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--inner", type=int, default=10)
-  parser.add_argument("--forms", default="literal,absorbed,pallas,pallas_fused",
-                      help="comma-separated subset of literal,absorbed,pallas,pallas_fused"
-                           " (pallas_fused: layer rows only)")
+  parser.add_argument("--forms", default="literal,absorbed,pallas,pallas_fused,pallas_token_block",
+                      help="comma-separated subset of literal,absorbed,pallas,pallas_fused,"
+                           "pallas_token_block (pallas_fused: layer rows only;"
+                           " pallas_token_block: readout rows at R <= 64 only)")
   parser.add_argument("--sweep", action="store_true",
                       help="also time the Pallas readout with the block sizes in SWEEP")
   parser.add_argument("--json", default=None, metavar="PATH",
@@ -246,7 +277,7 @@ def main(argv=None):
                            " cut short keeps the tables it finished)")
   args = parser.parse_args(argv)
   wanted = args.forms.split(",")
-  unknown = set(wanted) - {"literal", "absorbed", "pallas", "pallas_fused"}
+  unknown = set(wanted) - {"literal", "absorbed", "pallas", "pallas_fused", "pallas_token_block"}
   if unknown:
     parser.error(f"--forms: unknown {sorted(unknown)}")
 
@@ -276,14 +307,30 @@ def main(argv=None):
   if args.shape in ("all", "layer", "tiny"):
     layer_readouts = [r for r in ("pallas_fused", "pallas", "absorbed", "literal")
                       if r in wanted]
+    if "pallas_fused" in wanted:  # its backward with the one-kernel table + surrogate pass
+      layer_readouts.insert(1, "pallas_fused+triton")
     bench_layer(TINY_LAYER if tiny else LAYER, layer_readouts, repeats=repeats, inner=inner,
                 record=rows)
     save()
   shapes = ([TINY_READOUT] if tiny else list(READOUT_SHAPES.values()) if args.shape == "all"
             else [READOUT_SHAPES[args.shape]] if args.shape in READOUT_SHAPES else [])
   for shape in shapes:
-    bench_readout(shape, forms, dtype=jnp.bfloat16, repeats=repeats, inner=inner, record=rows)
+    bench_readout(shape, forms + token_block_forms(shape, wanted, args.sweep),
+                  dtype=jnp.bfloat16, repeats=repeats, inner=inner, record=rows)
     save()
+  print("\n" + "\n".join(targets.kernel_lines(rows)))   # verdicts from the rows above
+
+
+def token_block_forms(shape, wanted, sweep):
+  """The token-block Pallas rows of one readout table (none above TOKEN_BLOCK_MAX_R)."""
+  if "pallas_token_block" not in wanted or shape.R > TOKEN_BLOCK_MAX_R:
+    return []
+  blocks = [("pallas token_block",
+             BlockSizes.get_default("triton", shape.D, layout="token_block"))]
+  if sweep:
+    blocks += [(f"pallas token_block n{b.block_n} r{b.block_r}/{b.bwd_r} w{b.num_warps}", b)
+               for b in TOKEN_BLOCK_SWEEP]
+  return [(name, functools.partial(pallas_readout, block_sizes=b)) for name, b in blocks]
 
 
 if __name__ == "__main__":

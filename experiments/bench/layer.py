@@ -9,7 +9,9 @@ of the output with respect to every parameter and to the input) per readout
 form (literal, streaming, absorbed; one-bit surrogate) and per surrogate mode
 (none, onebit, exact, ste; absorbed readout), the one-bit and exact surrogates
 also with each other backward implementation of `--surrogate-impls` (rows
-"... (gather)": the reference twin of `lngram_jax.lookup`), the dense layer of
+"... (gather)": the reference twin of `lngram_jax.lookup`; "onebit (triton)":
+the one-bit backward and table gradient as one Pallas kernel, timed by
+default on a GPU next to the default "blocks" row), the dense layer of
 `dense.py`, and the readout functions alone (literal vs absorbed). Each
 number is the median of `--repeats` runs after warm-up, every run ended by
 `jax.block_until_ready`. Then it checks four speed targets:
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.bench import targets as absolute_targets
 from experiments.bench.dense import DenseDecoderLayer
 from lngram_jax.config import READOUTS, SURROGATES, LngramConfig, sink_logit
 from lngram_jax.layer import LngramV2
@@ -206,6 +209,13 @@ def run(shape: BenchShape, *, readouts=LAYER_READOUTS, surrogates=SURROGATES,
     timers[f"{name} fwd+bwd"] = (fwd_bwd, args)
   ms = measure(timers, repeats=repeats, warmup=warmup, log=log)
   rows = {name: _fwd_bwd_row(ms[f"{name} fwd"], ms[f"{name} fwd+bwd"]) for name in variants}
+  if shape == SHAPES["gpu_r512"]:   # its target bounds peak memory too (targets.py)
+    for name, (_, fwd_bwd, args) in variants.items():
+      if name.startswith("lngram") and not name.endswith("(gather)"):   # not the twin
+        stats = fwd_bwd.lower(*args).compile().memory_analysis()
+        rows[name]["compiled_gib"] = None if stats is None else (
+            stats.argument_size_in_bytes + stats.output_size_in_bytes
+            + stats.temp_size_in_bytes - stats.alias_size_in_bytes) / 2**30
   dense_row = rows["dense decoder layer"]
   for row in rows.values():
     row["fwd_vs_dense"] = row["fwd_ms"] / dense_row["fwd_ms"]
@@ -302,16 +312,20 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--surrogates", default=",".join(SURROGATES),
                       type=lambda v: _csv(v, SURROGATES, "--surrogates"),
                       help="comma-separated surrogate modes (absorbed readout)")
-  parser.add_argument("--surrogate-impls", default="gather,blocks",
+  parser.add_argument("--surrogate-impls", default=None,
                       type=lambda v: _csv(v, SURROGATE_IMPLS, "--surrogate-impls"),
                       help="backward implementations timed for the one-bit and exact "
-                           f"surrogates (default implementation: {default_surrogate_impl()})")
+                           "surrogates; default gather,blocks, and triton on a GPU "
+                           f"(default implementation: {default_surrogate_impl()})")
   parser.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
                       help="attention implementation of the dense layer")
   parser.add_argument("--json", default=None, metavar="PATH", help="also write results here")
   args = parser.parse_args(argv)
   if args.repeats < 1:
     parser.error(f"--repeats={args.repeats} must be >= 1")
+  if args.surrogate_impls is None:  # the one-bit kernel only on a GPU (CPU: interpret mode)
+    args.surrogate_impls = ("gather", "blocks") + (
+        ("triton",) if jax.default_backend() == "gpu" else ())
   return args
 
 
@@ -330,6 +344,9 @@ def main(argv=None) -> dict:
   if ratios:
     print(ratios)
   print(format_targets(result["targets"], shape_name))
+  if shape_name == "gpu_r512":   # the one shape here with absolute targets
+    result["absolute_targets"] = absolute_targets.r512_lines(result["rows"], shape_name)
+    print("\n".join(result["absolute_targets"]))
   result.update(shape_name=shape_name, shape=dataclasses.asdict(shape),
                 jax_version=jax.__version__, platform=device.platform,
                 device_kind=device.device_kind, repeats=args.repeats, warmup=args.warmup,

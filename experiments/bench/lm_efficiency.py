@@ -73,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.bench import targets
 from experiments.bench.measure import (
   format_gib,
   memory_source,
@@ -394,7 +395,7 @@ def report(result: dict) -> str:
           name, num(p and p["best_ms"], ".2f"), num(d and d["best_ms_per_token"], ".3f"),
           num(r.get(f"prefill_{T}"), ".3f"), num(r.get("decode_b1"), ".3f"),
           _pct(s.get(f"prefill_{T}_best")), _pct(s.get("decode_b1_best"))]) + " |")
-  lines += ["", f"memory: {result['memory_source']}"]
+  lines += ["", f"memory: {result['memory_source']}", "", *targets.lm_efficiency_lines(result)]
   return "\n".join(lines)
 
 

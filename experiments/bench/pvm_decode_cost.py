@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.bench import targets
 from experiments.models.branches import BranchContext, PVMBranchConfig
 from experiments.models.config import LMConfig
 from experiments.models.lm import DecoderLM
@@ -234,6 +235,8 @@ def main(argv=None) -> dict:
                       "vocab": a.vocab or w["vocab_size"], "jax": jax.__version__,
                       "device": f"{device.platform} ({device.device_kind})"}
   print(report(summary, a.depths))
+  summary["targets"] = targets.pvm_decode_lines(summary)
+  print("\n".join(summary["targets"]))
   if a.json:
     with open(a.json, "w") as f:
       json.dump(summary, f, indent=1)

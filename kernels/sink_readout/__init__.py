@@ -1,7 +1,8 @@
 """The blocked sink-softmax readout in Pallas: a standalone op on [BT, Hq, Dr].
 
 Files: `reference.py` (the XLA twin: the one definition of the contract),
-`triton_gpu.py` (GPU), `mosaic_tpu.py` (TPU), `common.py` (block sizes,
+`triton_gpu.py` (GPU), `triton_amortised.py` (GPU, a token block per dot:
+`BlockSizes(layout="token_block")`), `mosaic_tpu.py` (TPU), `common.py` (block sizes,
 checks, mode types), `api.py` (dispatch and custom_vjp); `fused_triton.py`:
 the variant that also gathers and normalises rows of tables by row id inside
 the kernel (GPU only; twin `reference.fused_reference`).
@@ -12,7 +13,7 @@ reference (`lngram_jax.readout`) does not import the Pallas backends.
 
 import importlib
 
-from kernels.sink_readout.common import Backward, BlockSizes, Implementation
+from kernels.sink_readout.common import Backward, BlockSizes, Implementation, Layout
 from kernels.sink_readout.reference import (
     fused_reference,
     gather_rows,
@@ -24,6 +25,7 @@ _LAZY = {
     "sink_readout": ("kernels.sink_readout.api", "sink_readout"),
     "fused_triton": ("kernels.sink_readout.fused_triton", None),
     "mosaic_tpu": ("kernels.sink_readout.mosaic_tpu", None),
+    "triton_amortised": ("kernels.sink_readout.triton_amortised", None),
     "triton_gpu": ("kernels.sink_readout.triton_gpu", None),
 }
 
@@ -40,6 +42,7 @@ __all__ = [
     "Backward",
     "BlockSizes",
     "Implementation",
+    "Layout",
     "default_implementation",
     "fused_reference",
     "fused_triton",
@@ -47,5 +50,6 @@ __all__ = [
     "mosaic_tpu",
     "sink_readout",
     "sink_readout_reference",
+    "triton_amortised",
     "triton_gpu",
 ]

@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels.sink_readout import mosaic_tpu, triton_gpu
+from kernels.sink_readout import mosaic_tpu, triton_amortised, triton_gpu
 from kernels.sink_readout.common import (
     BACKWARDS,
     IMPLEMENTATIONS,
@@ -59,6 +59,8 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
     scale: score scale, s = scale·q·mem (a Python float: it is compiled in).
     implementation: "xla", "triton", "mosaic_tpu" or None (by platform).
     block_sizes: tile sizes; None = `BlockSizes.get_default(implementation, Dr)`.
+      `layout="token_block"` (Triton) selects the kernel that puts a block of
+      tokens in each dot (`triton_amortised`), meant for small R.
     interpret: run the Pallas kernel in interpret mode; None = only on CPU.
     backward: "pallas" (the backward kernel) or "xla" (VJP of the reference).
 
@@ -84,8 +86,11 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
   R, Dr = mem_BTxRxDr.shape[1:]
   blocks = BlockSizes.get_default(impl, Dr) if block_sizes is None else block_sizes
   if impl == "triton":
-    check_triton_blocks(blocks.block_n, blocks.block_r)
-    check_triton_blocks(blocks.bwd_n, blocks.bwd_r)
+    check_triton_blocks(blocks.block_n, blocks.block_r, blocks.layout)
+    check_triton_blocks(blocks.bwd_n, blocks.bwd_r, blocks.layout)
+  elif blocks.layout != "per_token":
+    raise ValueError(f"sink_readout: layout={blocks.layout!r} is Triton only; "
+                     f"implementation={impl!r} takes layout='per_token'.")
   else:
     check_mosaic_blocks(blocks.block_n, blocks.block_r, R)
     check_mosaic_blocks(blocks.bwd_n, blocks.bwd_r, R)
@@ -94,9 +99,14 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
                        backward)
 
 
+def _triton(blocks):
+  """The Triton module of the block sizes' layout."""
+  return triton_amortised if blocks.layout == "token_block" else triton_gpu
+
+
 def _kernel_forward(q, mem, sink_logit, scale, impl, blocks, interpret):
   if impl == "triton":
-    return triton_gpu.forward(
+    return _triton(blocks).forward(
         q, mem, sink_logit=sink_logit, scale=scale, block_n=blocks.block_n,
         block_r=blocks.block_r, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
         interpret=interpret)
@@ -124,7 +134,7 @@ def _sink_readout_bwd(scale, impl, blocks, interpret, backward, residuals, cotan
   if backward == "xla":
     return sink_readout_reference_bwd(q, mem, sink_logit, dout, dlse, scale=scale)
   if impl == "triton":
-    dq, dmem = triton_gpu.backward(
+    dq, dmem = _triton(blocks).backward(
         q, mem, out, lse, dout, dlse, scale=scale, block_n=blocks.bwd_n,
         block_r=blocks.bwd_r, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
         interpret=interpret)

@@ -14,8 +14,13 @@ MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
 Implementation = Literal["xla", "triton", "mosaic_tpu"]
 Backward = Literal["pallas", "xla"]
+# How a Triton program covers its tokens: one dot per token ("per_token",
+# `triton_gpu`) or all block_n tokens in one block-diagonal dot ("token_block",
+# `triton_amortised`, for small R).
+Layout = Literal["per_token", "token_block"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 BACKWARDS: tuple[str, ...] = get_args(Backward)
+LAYOUTS: tuple[str, ...] = get_args(Layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +40,11 @@ class BlockSizes:
     block_n_bwd, block_r_bwd: the same for the backward kernel; None means
       the forward value.
     num_warps, num_stages: Triton only (None picks from the tile size).
+    layout: Triton only. "per_token": a program loops over its tokens, one
+      [Hq, Dr]·[Dr, block_r] dot each. "token_block": its block_n tokens (a
+      power of 2) share one block-diagonal dot, amortising the per-program
+      cost at small R (`triton_amortised`; defaults from
+      `get_default("triton", Dr, layout="token_block")`).
   """
 
   block_n: int = 1
@@ -43,12 +53,15 @@ class BlockSizes:
   block_r_bwd: int | None = None
   num_warps: int | None = None
   num_stages: int = 2
+  layout: Layout = "per_token"
 
   def __post_init__(self):
     for name in ("block_n", "block_r", "block_n_bwd", "block_r_bwd", "num_warps"):
       value = getattr(self, name)
       if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"BlockSizes: {name}={value!r} must be a positive int or None.")
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"BlockSizes: layout={self.layout!r} is not one of {LAYOUTS}.")
 
   @property
   def bwd_n(self) -> int:
@@ -59,8 +72,16 @@ class BlockSizes:
     return self.block_r if self.block_r_bwd is None else self.block_r_bwd
 
   @classmethod
-  def get_default(cls, implementation: Implementation, route_dim: int = 256) -> BlockSizes:
+  def get_default(cls, implementation: Implementation, route_dim: int = 256,
+                  layout: Layout = "per_token") -> BlockSizes:
     """Defaults per implementation; route_dim (Dr) sets the register budget."""
+    if layout == "token_block":
+      # Untuned (timed by `experiments.bench.kernels`). The stacked tiles hold
+      # block_n times the rows of the per-token ones: two tokens, and the
+      # backward's [block_n·block_r, Dr] mem and dmem tiles kept at 32 rows.
+      if route_dim > 256:
+        return cls(block_n=2, block_r=32, block_r_bwd=8, num_warps=8, layout=layout)
+      return cls(block_n=2, block_r=64, block_r_bwd=16, num_warps=4, layout=layout)
     if implementation == "mosaic_tpu":
       # Untuned (no TPU measurements yet); sized so that the backward's double-
       # buffered mem and dmem blocks stay within a few MiB of VMEM at Dr = 512.
@@ -121,7 +142,14 @@ def check_inputs(q_BTxHqxDr, mem_BTxRxDr, *, allow_float64: bool = False) -> Non
         f"sink_readout: q dtype {q_BTxHqxDr.dtype} must equal mem dtype {mem_BTxRxDr.dtype}.")
 
 
-def check_triton_blocks(block_n: int, block_r: int) -> None:
+def check_triton_blocks(block_n: int, block_r: int, layout: Layout = "per_token") -> None:
+  if layout == "token_block":
+    # block_n·block_r is the dot's N side (>= 16); block_r alone may be smaller.
+    if block_n != next_power_of_2(block_n) or block_r != next_power_of_2(block_r) or (
+        block_n * block_r < 16):
+      raise ValueError(f"triton sink readout, layout='token_block': {block_n=} and {block_r=}"
+                       " must be powers of 2 with block_n·block_r >= 16.")
+    return
   if block_r != next_power_of_2(block_r) or block_r < 16:
     raise ValueError(f"triton sink readout: {block_r=} must be a power of 2 and >= 16.")
   del block_n  # any positive int: the token loop is sequential inside a program

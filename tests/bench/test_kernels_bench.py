@@ -26,3 +26,14 @@ def test_bench_tiny_smoke(capsys, tmp_path):
   for row, printed in zip(saved["rows"], rows, strict=True):  # the JSON holds the table's numbers
     cells = [c.strip() for c in printed.strip("|").split("|")]
     assert f"{row['fwd_ms']:.3f}" == cells[1] and f"{row['fwd_bwd_ms']:.3f}" == cells[2]
+
+
+@pytest.mark.slow  # interpret-mode kernels
+def test_a_layer_row_times_the_fused_readout_with_the_one_kernel_backward(capsys):
+  rows = []
+  bench.bench_layer(bench.TINY_LAYER, ["pallas_fused+triton"], repeats=1, inner=1, record=rows)
+  assert [r["readout"] for r in rows] == ["pallas_fused+triton"]
+  for r in rows:
+    assert "error" not in r, r
+    assert math.isfinite(r["fwd_ms"]) and math.isfinite(r["fwd_bwd_ms"]), r
+  assert "| pallas_fused+triton |" in capsys.readouterr().out

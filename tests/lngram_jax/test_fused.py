@@ -112,6 +112,14 @@ def test_fused_rejects_mismatched_tables():
     fused_readout(x["q"], x["logits"], bad, FusedSpec(_config(jnp.float32, "onebit")))
 
 
+def test_fused_refuses_the_token_block_layout_it_would_ignore():
+  x = _inputs(jnp.float32)
+  blocks = BlockSizes.get_default("triton", 16, layout="token_block")
+  with pytest.raises(ValueError, match="'per_token' layout only"):
+    fused_readout(x["q"], x["logits"], x["params"],
+                  FusedSpec(_config(jnp.float32, "onebit"), blocks, interpret=True))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 def test_fused_forward_and_backward_lower_for_cuda(dtype):
   """At the layer's real sizes: r64/m4/mem128, orders (2, 3), Hq 16, KV 8, dh 128."""

@@ -1,0 +1,187 @@
+"""The token-block Triton readout (`BlockSizes(layout="token_block")`) against the reference.
+
+Interpret mode on CPU at one tiny ragged shape (BT not a multiple of either
+token block, R not a multiple of either route block, Hq and Dr padded):
+values and the gradients of q, mem and a traced b0, in float32 and bfloat16
+(the kernels refuse float64, as the per-token kernel does). The block-diagonal
+masks are what could go wrong, so a token's output must not depend on its
+neighbours' routes, and with the sink off (b0 = -inf) or all mass on the sink
+the kernel must still agree. Lowering for CUDA is checked on CPU at the r64
+benchmark widths and at a padded D > 256 shape.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+from kernels.sink_readout import BlockSizes, sink_readout, sink_readout_reference, triton_amortised
+
+H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
+    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
+SHAPE = (5, 3, 150, 24)  # BT, Hq, R, Dr
+SCALE = 0.25
+BLOCKS = BlockSizes(block_n=2, block_r=64, block_n_bwd=4, block_r_bwd=16, layout="token_block")
+TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+_KERNEL = functools.partial(sink_readout, scale=SCALE, implementation="triton",
+                            block_sizes=BLOCKS, interpret=True)
+_REFERENCE = functools.partial(sink_readout_reference, scale=SCALE)
+
+
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+def _inputs(dtype, seed=0):
+  BT, Hq, R, Dr = SHAPE
+  kq, km, ko, kl = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (BT, Hq, Dr), jnp.float32).astype(dtype)
+  mem = jax.random.normal(km, (BT, R, Dr), jnp.float32).astype(dtype)
+  dout = jax.random.normal(ko, (BT, Hq, Dr), jnp.float32).astype(dtype)
+  dlse = jax.random.normal(kl, (BT, Hq), jnp.float32)
+  return q, mem, dout, dlse
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _values_and_grads(readout, q, mem, sink_logit, dout, dlse):
+  (out, lse), vjp = jax.vjp(lambda q, m, b0: readout(q, m, sink_logit=b0), q, mem, sink_logit)
+  return (out, lse, *vjp((dout, dlse)))
+
+
+def _rel_err(got, want):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def _compare(args, sink_logit, tol, readout=_KERNEL):
+  q, mem, dout, dlse = args
+  args = (q, mem, jnp.float32(sink_logit), dout, dlse)
+  got, want = _values_and_grads(readout, *args), _values_and_grads(_REFERENCE, *args)
+  for name, g, w in zip(("out", "lse", "dq", "dmem", "d_sink"), got, want, strict=True):
+    assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
+    assert np.all(np.isfinite(np.asarray(g, np.float32))), name
+    if name == "d_sink":  # a sum of BT·Hq terms that largely cancel: absolute scale
+      assert abs(float(g) - float(w)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (g, w)
+    else:
+      assert _rel_err(g, w) < tol, (name, _rel_err(g, w))
+  return got
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_token_block_matches_reference_ragged(dtype):
+  BT, _, R, _ = SHAPE
+  assert BT % BLOCKS.block_n and BT % BLOCKS.bwd_n  # partial last token blocks
+  assert R % BLOCKS.block_r and R % BLOCKS.bwd_r    # partial last route blocks
+  _compare(_inputs(dtype), 0.8, TOLERANCE[dtype])
+
+
+def test_token_block_tokens_do_not_mix():
+  """Changing token 1's routes moves only token 1's out, lse and dq, and only
+  token 1's dmem: the off-diagonal tiles of the stacked dot are masked. Token 1
+  shares both a forward (block_n = 2) and a backward (block_n = 4) block."""
+  q, mem, dout, dlse = _inputs(jnp.float32, seed=3)
+  b0 = jnp.float32(0.3)
+  before = _values_and_grads(_KERNEL, q, mem, b0, dout, dlse)
+  after = _compare((q, mem.at[1].multiply(-2.0), dout, dlse), 0.3, 2e-5)
+  for name, x, y in zip(("out", "lse", "dq", "dmem"), before[:4], after[:4], strict=True):
+    others = np.array([0, 2, 3, 4])
+    np.testing.assert_array_equal(np.asarray(x)[others], np.asarray(y)[others], err_msg=name)
+    assert not np.allclose(np.asarray(x)[1], np.asarray(y)[1]), name
+
+
+def test_token_block_sink_only_and_no_sink():
+  """All mass on the sink (scores far below b0): out = 0 and lse = b0 exactly,
+  no gradient to q or mem. Sink off (b0 = -inf): equal to the reference."""
+  q, mem, dout, dlse = _inputs(jnp.float32, seed=1)
+  far_q = -100.0 * (jnp.abs(q) + 0.5)  # every score <= -150: exp underflows
+  far_mem = jnp.abs(mem) + 0.5
+  out, lse, dq, dmem, d_sink = _values_and_grads(_KERNEL, far_q, far_mem, jnp.float32(2.0),
+                                                 dout, dlse)
+  np.testing.assert_array_equal(out, 0.0)
+  np.testing.assert_array_equal(lse, 2.0)
+  np.testing.assert_array_equal(dq, 0.0)
+  np.testing.assert_array_equal(dmem, 0.0)
+  np.testing.assert_allclose(d_sink, jnp.sum(dlse), rtol=1e-6)  # σ0 = 1, out = 0
+  _compare((q, mem, dout, dlse), -jnp.inf, 2e-5)
+
+
+@pytest.mark.parametrize("blocks, implementation, q_dtype, error", [
+    (BlockSizes(block_n=3, layout="token_block"), "triton", jnp.float32, "powers of 2"),
+    (BlockSizes(block_n=1, block_r=8, layout="token_block"), "triton", jnp.float32, ">= 16"),
+    (BlockSizes(block_n=2, block_r=128, layout="token_block"), "mosaic_tpu", jnp.float32,
+     "Triton only"),
+    (BLOCKS, "triton", jnp.float64, "float64 only with implementation='xla'"),
+])
+def test_token_block_checks(blocks, implementation, q_dtype, error):
+  with jax.enable_x64(q_dtype == jnp.float64):
+    q, mem = jnp.zeros((2, 3, 8), q_dtype), jnp.zeros((2, 4, 8), q_dtype)
+    with pytest.raises((ValueError, TypeError), match=error):
+      sink_readout(q, mem, sink_logit=0.0, implementation=implementation, block_sizes=blocks)
+  with pytest.raises(ValueError, match="layout='tokens'"):
+    BlockSizes(layout="tokens")
+
+
+def _lower_cuda(fn, avals):
+  with use_abstract_mesh(H100):  # jax 0.11 reads the target GPU from the mesh at trace time
+    return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _loss(blocks, q, mem, sink_logit):
+  out, lse = sink_readout(q, mem, sink_logit=sink_logit, scale=0.0625, implementation="triton",
+                          block_sizes=blocks, interpret=False)
+  return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("shape, blocks", [
+    ((100, 16, 64, 256), None),  # the r64 benchmark widths, default token blocks
+    ((63, 12, 300, 384), None),  # padded heads and features, D > 256 defaults
+    ((100, 16, 64, 256), BlockSizes(block_n=4, block_r=32, block_r_bwd=8, layout="token_block")),
+], ids=["r64_d256", "r300_d384_h12", "r64_n4"])
+def test_token_block_lowers_for_cuda(shape, blocks, dtype):
+  BT, Hq, R, Dr = shape
+  blocks = blocks or BlockSizes.get_default("triton", Dr, layout="token_block")
+  avals = (jax.ShapeDtypeStruct((BT, Hq, Dr), dtype), jax.ShapeDtypeStruct((BT, R, Dr), dtype),
+           jax.ShapeDtypeStruct((), jnp.float32))
+  loss = functools.partial(_loss, blocks)
+  forward_text = _lower_cuda(loss, avals)
+  backward_text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), avals)
+  assert forward_text.count("__gpu$xla.gpu.triton") == 1
+  assert backward_text.count("__gpu$xla.gpu.triton") == 2  # forward + backward kernels
+  assert "sink_readout_token_block_bwd" in backward_text
+
+
+def test_lowering_rejects_a_token_block_interpret_accepts():
+  """block_n = 3 stacks 48 rows: interpret mode computes it, Triton cannot
+  lower it, so the lowering checks above are not vacuous."""
+  q, mem, _, _ = _inputs(jnp.float32)
+  forward = functools.partial(triton_amortised.forward, sink_logit=0.0, scale=SCALE,
+                              block_n=3, block_r=16)
+  got = forward(q, mem, interpret=True)
+  want = _REFERENCE(q, mem, sink_logit=0.0)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="power of 2"):
+    _lower_cuda(forward, (q, mem))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_token_block_on_gpu(dtype):
+  """Compiled by Triton, default token blocks, r64 widths, a ragged token count."""
+  BT, Hq, R, Dr = 301, 16, 64, 256
+  kq, km, ko, kl = jax.random.split(jax.random.key(4), 4)
+  args = (jax.random.normal(kq, (BT, Hq, Dr), jnp.float32).astype(dtype),
+          jax.random.normal(km, (BT, R, Dr), jnp.float32).astype(dtype),
+          jax.random.normal(ko, (BT, Hq, Dr), jnp.float32).astype(dtype),
+          jax.random.normal(kl, (BT, Hq), jnp.float32))
+  readout = functools.partial(sink_readout, scale=SCALE, implementation="triton",
+                              block_sizes=BlockSizes.get_default("triton", Dr,
+                                                                 layout="token_block"))
+  # f32 dots on the GPU may run as TF32 inside XLA's reference.
+  _compare(args, 1.0, 3e-2 if dtype == jnp.bfloat16 else 5e-3, readout=readout)
