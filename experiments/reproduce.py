@@ -43,7 +43,13 @@ evaluation decodes 512 scenes up to 900 tokens), so `list` marks it and a queue 
 Cost (estimated in RESULTS.md from a 40-step timing and the d = 128 runs): about 15-20
 min a 600-step run on an idle 2-core machine, so ~14 h for the 57 runs of bytes and ~11 h
 for the 33 of tokens on 2 cores, ~3-4 h each on 8 cores with `--shard=I/4`; the `gpu`
-config arg runs the same comparison bigger on an accelerator.
+config arg runs the same comparison bigger on an accelerator. On 2 cores, two shards pinned
+to a core each with single-threaded XLA (`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
+intra_op_parallelism_threads=1" taskset -c I python -m experiments.reproduce run
+--shard=I/2`, I = 0, 1) train ~12% more steps per second than one queue on both cores (one
+Lngram v2 r16 run, 60 steps: 0.56 s/step alone vs 0.99 s/step each side by side). The
+thread count can change float rounding, so a run resumes bit-exactly only under the same
+flags it started with.
 
 `analyze` runs `lngram-exp analyze` on every finished seed of Lngram v2 r16 and r64
 and of the random-router control (bytes: the record analyses of §3 and App. C), and
