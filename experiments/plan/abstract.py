@@ -111,7 +111,8 @@ def abstract_run(config, mesh) -> AbstractRun:
       graphdef, tx, lr_fn, functools.partial(lm_loss, mesh=mesh),
       grad_accum=int(config.train.get("grad_accum", 1)),
       out_shardings=({"params": param_sh, "opt_state": opt_sh, "step": replicated},
-                     replicated))
+                     replicated),
+      frozen=optim_lib.frozen_mask(params, None, config.optim))
   B, T = int(config.data.batch_size), int(config.data.seq_len)
   batch = {name: jax.ShapeDtypeStruct(
       (B, T), dtype, sharding=mesh_lib.batch_sharding(mesh, 2, tokens=True))

@@ -137,37 +137,70 @@ def qwen3vl_param_count(mc) -> dict[str, int]:
 
 
 def qwen3vl_train_flops(mc, geo: dict) -> dict[str, float]:
-  """FLOPs of one compiled train step by part, 6 per multiply-add (forward and
-  backward; the trainer's grad_norm reads every gradient, so the frozen parts'
-  weight gradients are computed too):
-    text    accounting.train_flops of the decoder over rows × T
+  """FLOPs of one compiled train step by part: 2 per multiply-add forward, 2 more for
+  each input gradient and each weight gradient the step computes. The step differentiates
+  the trained leaves only (experiments/trainer/step.py), so with a frozen part
+  (`geo["trainable_name"]`: "branch" = Stage I, "lm+branch" = Stage II; absent or "all":
+  everything trains) only the gradients that reach a trained leaf are counted:
     vision  per patch and block E·3E + E·E + 2·E·F + 2·S·E (attention within its
             frame of S patches: one image of one frame per row), per merged token
-            (1 + DeepStack) · (4E·4E + 4E·D); the patch embedding P·E at 4 per
-            multiply-add (the pixels need no gradient)
+            (1 + DeepStack) · (4E·4E + 4E·D), the patch embedding P·E (no input
+            gradient: pixels); frozen in both stages: forward only
+    text    the decoder's layers (accounting.macs_per_token) and its unembedding;
+            Stage I: layers up to the lowest branch forward only, the layers above it
+            with input gradients but no weight gradients (the attention core: both of its
+            backward products), the unembedding with its input gradient only;
+            Stage II: accounting.train_flops; remat adds a forward of every block
+            that has a backward
     pvm     per token and branch d·L + 2·Hq·dh·L + 3·L·F + L·d + 2·Hq·dh·Nv, per
-            visual slot d_v·L + 2·Hkv·dh·L (Nv = visual_slots)."""
+            visual slot d_v·L + 2·Hkv·dh·L (Nv = visual_slots); the lowest Stage-I branch
+            needs no input gradient of its first projection, no branch one of the visual
+            slots' first projection (the frozen tower's output)."""
   text, v, rows, T = mc.text, mc.vision, geo["rows"], geo["seq_len"]
-  out = {"text": train_flops(text.replace(ffn_branch_layers=(), ffn_branch=None),
-                             batch=rows, seq_len=T)}
+  trainable = geo.get("trainable_name", "all")
+  backbone = text.replace(ffn_branch_layers=(), ffn_branch=None)
+  frozen_tower = trainable in ("branch", "lm+branch")
+  if trainable == "branch":
+    out = {"text": _frozen_text_flops(backbone, min(text.ffn_branch_layers, default=0),
+                                      rows=rows, seq_len=T)}
+  else:
+    out = {"text": train_flops(backbone, batch=rows, seq_len=T)}
   N = rows * geo["patches_per_row"]
   E, F, wide = v.hidden_size, v.intermediate_size, v.hidden_size * v.spatial_merge_size ** 2
   S = geo["patches_per_row"]
   per_patch = v.depth * (4 * E * E + 2 * E * F + 2 * S * E)
   mergers = (1 + len(v.deepstack_visual_indexes)) * (wide * wide + wide * v.out_hidden_size)
-  # The patch embedding has no input gradient (pixels): 4 FLOPs per multiply-add.
-  out["vision"] = (6.0 * (N * per_patch + rows * geo["visual_per_row"] * mergers)
-                   + 4.0 * N * v.patch_dim * E)
+  tower = 2.0 if frozen_tower else 6.0
+  out["vision"] = (tower * (N * per_patch + rows * geo["visual_per_row"] * mergers)
+                   + (2.0 if frozen_tower else 4.0) * N * v.patch_dim * E)
   out["pvm"] = 0.0
   if text.ffn_branch_layers:
     c, Nv = text.ffn_branch, geo["visual_slots"]
     L, dh = c.latent_dim, c.head_dim
     per_token = (2 * c.d_model * L + 2 * c.q_heads * dh * L + 3 * L * c.ffn_dim
                  + 2 * c.q_heads * dh * Nv)
-    per_slot = c.vis_dim * L + 2 * c.kv_heads * dh * L
-    out["pvm"] = 6.0 * len(text.ffn_branch_layers) * rows * (T * per_token + Nv * per_slot)
+    slot_in, slot_kv = c.vis_dim * L, 2 * c.kv_heads * dh * L
+    per_slot = (4.0 if frozen_tower else 6.0) * slot_in + 6.0 * slot_kv
+    branches = len(text.ffn_branch_layers)
+    out["pvm"] = branches * rows * (6.0 * T * per_token + Nv * per_slot)
+    if trainable == "branch":   # the lowest branch's input h needs no gradient
+      out["pvm"] -= 2.0 * rows * T * c.d_model * L
   out["total"] = sum(out.values())
   return out
+
+
+def _frozen_text_flops(model, lowest: int, *, rows: int, seq_len: int) -> float:
+  """The frozen decoder of Stage I (qwen3vl_train_flops): layers 0..lowest forward only,
+  the layers above with input gradients (remat: and a second forward)."""
+  D, L = model.d_model, model.n_layers
+  Hq, Hkv, Dh = model.n_heads, model.n_kv_heads, model.head_dim
+  layer = D * Hq * Dh + 2 * D * Hkv * Dh + Hq * Dh * D + 3 * D * model.ffn_dim
+  core = 2 * seq_len * Hq * Dh   # scores and values, per token
+  above = L - 1 - lowest
+  rerun = 2 if model.remat else 0
+  per_token = (2 * L * (layer + core) + above * ((2 + rerun) * layer + (4 + rerun) * core)
+               + 4 * D * model.vocab_size)
+  return float(per_token * rows * seq_len)
 
 
 def _abstract(tree, shardings):
@@ -246,7 +279,8 @@ def qwen3vl_abstract_run(config, mesh):
       graphdef, tx, optim_lib.learning_rate_schedule(config.optim, steps),
       _loss(config, geo), grad_accum=int(config.train.get("grad_accum", 1)),
       out_shardings=({"params": param_sh, "opt_state": opt_sh, "step": replicated},
-                     replicated))
+                     replicated),
+      frozen=optim_lib.frozen_mask(params, trainable, config.optim))
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   trained = sum(math.prod(x.shape) for p, x in flat
                 if trainable is None or trainable(optim_lib.path_str(p)))

@@ -236,9 +236,9 @@ def _qwen3vl_lines(lines: list[str], r: dict) -> None:
         "(under jit: min(T, the step's visual tokens), masked)")
   after("  FLOPs per step",
         f"    by part         text {_si(parts['text'])}FLOP, vision {_si(parts['vision'])}"
-        f"FLOP, PVM {_si(parts['pvm'])}FLOP [formula]: 6 per multiply-add everywhere "
-        "(the step differentiates every parameter: train/grad_norm reads the frozen "
-        "ones' gradients too)")
+        f"FLOP, PVM {_si(parts['pvm'])}FLOP [formula]: 2 per multiply-add forward, 2 "
+        "per gradient the step computes (it differentiates the trained parameters only: "
+        "no weight gradient of a frozen part, no gradient below the lowest trained one)")
   if g["stage"] == "grpo":
     lines.append(f"  note: Stage II plans the policy-gradient step over {g['rows']} rows of "
                  f"[image + {g['seq_len'] - g['new_tokens'] - g['visual_per_row']} prompt "

@@ -127,6 +127,13 @@ def param_labels(params, trainable: Callable[[str], bool] | None = None, optim=N
   return jax.tree_util.tree_map_with_path(label, params)
 
 
+def frozen_mask(params, trainable: Callable[[str], bool] | None = None, optim=None):
+  """A tree like `params`, True at each frozen leaf (`param_labels`' "frozen"), or None
+  when no leaf is frozen: the train step differentiates the other leaves only."""
+  mask = jax.tree.map(lambda label: label == FROZEN, param_labels(params, trainable, optim))
+  return mask if any(jax.tree.leaves(mask)) else None
+
+
 def group_sizes(params, trainable: Callable[[str], bool] | None = None,
                 optim=None) -> dict[str, int]:
   """Parameter count per group (for the run log)."""

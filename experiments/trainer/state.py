@@ -36,6 +36,8 @@ class TrainState:
   rest: the module's non-parameter state, replicated, passed through the step.
   placement: where every array lives (`Placement`).
   txs: one optimiser per phase (`optimizer.make_optimizer`).
+  frozen: True at each parameter that never trains (`optimizer.frozen_mask`), or None:
+    the step differentiates the trained ones only.
   """
 
   graphdef: Any
@@ -43,6 +45,7 @@ class TrainState:
   rest: dict
   placement: Placement
   txs: list[optax.GradientTransformation]
+  frozen: Any = None
 
   def module(self) -> nnx.Module:
     """The module with the current parameters."""
@@ -52,7 +55,8 @@ class TrainState:
     """The jitted train step of `phase` (`step.make_train_step`), keeping the state's layout."""
     return step_lib.make_train_step(
         self.graphdef, self.txs[phase], lr_fn, loss_fn, phase_start=phase_start,
-        grad_accum=grad_accum, out_shardings=self.placement.step_out_shardings(self.state))
+        grad_accum=grad_accum, out_shardings=self.placement.step_out_shardings(self.state),
+        frozen=self.frozen)
 
 
 def init_train_state(module: nnx.Module, optim, phases: Sequence[int], mesh: Mesh, *,
@@ -76,7 +80,8 @@ def init_train_state(module: nnx.Module, optim, phases: Sequence[int], mesh: Mes
          for steps in phases]
   state = {"params": params, "opt_state": placed.init_opt_state(txs[0], params),
            "step": placed.put_replicated(jnp.zeros((), jnp.int32))}
-  return TrainState(graphdef, state, rest, placed, txs)
+  return TrainState(graphdef, state, rest, placed, txs,
+                    frozen=optim_lib.frozen_mask(params, trainable, optim))
 
 
 def abstract_like(tree):

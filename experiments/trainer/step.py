@@ -23,6 +23,13 @@ which no gradient reaches: experiments/models/moe.py): a loss hook may report
 values, computed from the step's forward; they replace whatever the optimiser
 did to those leaves. With gradient accumulation they are the micro-batches'
 weighted mean, like every metric.
+
+Frozen leaves (`frozen`: a tree like the parameters, True where a leaf never trains,
+`optimizer.frozen_mask`): the gradient is taken with respect to the other leaves only, so
+the backward computes no weight gradient of a frozen layer (VLM Stage I: the whole
+backbone) and accumulation carries none; their gradients enter the optimiser as zeros,
+which its frozen group ignores. train/grad_norm is therefore that of the trained leaves,
+the norm the optimiser clips.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ def overlay(params, updates):
 
 
 def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
-                    grad_accum: int = 1, out_shardings=None):
+                    grad_accum: int = 1, out_shardings=None, frozen=None):
   """step(state, rest, batch) -> (state, metrics); jitted with the state donated.
 
   `out_shardings`: (state's, metrics') shardings on a device mesh (the loop's
@@ -56,14 +63,40 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
   `lr_fn` is the phase's base schedule, read at the phase-local step
   (`state["step"] - phase_start`, which is also the optimiser's own count).
   `grad_accum` splits each batch into that many micro-batches (module docstring).
+  `frozen`: a bool tree like the parameters (True: never trained), or None (module
+  docstring).
   """
   if not isinstance(grad_accum, int) or grad_accum < 1:
     raise ValueError(f"train.grad_accum={grad_accum!r} must be a positive int.")
+  frozen_leaves = None if frozen is None else [bool(f) for f in jax.tree.leaves(frozen)]
 
   def objective(params, rest, batch):
     return loss_fn(nnx.merge(graphdef, params, rest), batch)
 
-  grad_fn = jax.value_and_grad(objective, has_aux=True)
+  def trained(params):
+    """The leaves the gradient is taken with respect to (all of `params` if none is frozen)."""
+    if frozen_leaves is None:
+      return params
+    leaves = jax.tree.leaves(params)
+    if len(leaves) != len(frozen_leaves):
+      raise ValueError(f"make_train_step: the frozen mask has {len(frozen_leaves)} leaves, "
+                       f"the parameters {len(leaves)}.")
+    return [x for x, f in zip(leaves, frozen_leaves) if not f]
+
+  def with_frozen(params, trained_leaves, fill=None):
+    """`params` with its trained leaves replaced (frozen ones kept, or `fill(x)`)."""
+    if frozen_leaves is None:
+      return trained_leaves
+    leaves, treedef = jax.tree.flatten(params)
+    new = iter(trained_leaves)
+    return jax.tree.unflatten(treedef, [(x if fill is None else fill(x)) if f else next(new)
+                                        for x, f in zip(leaves, frozen_leaves)])
+
+  def grad_fn(params, rest, batch):
+    """((loss, metrics), gradients of `trained(params)`)."""
+    def of_trained(leaves):
+      return objective(with_frozen(params, leaves), rest, batch)
+    return jax.value_and_grad(of_trained, has_aux=True)(trained(params))
 
   def accumulated(params, rest, batch):
     def split(x):
@@ -87,7 +120,7 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
     carry, _ = jax.lax.scan(micro, carry, rest_mb)
     (loss, extra, grads), weight = carry
     loss, extra, grads = jax.tree.map(lambda a: a / weight, (loss, extra, grads))
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trained(params))
     return (loss, extra), grads
 
   def step(state, rest, batch):
@@ -96,6 +129,7 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
       extra = {k: v for k, v in extra.items() if k != WEIGHT}
     else:
       (loss, extra), grads = accumulated(state["params"], rest, batch)
+    grads = with_frozen(state["params"], grads, fill=jnp.zeros_like)
     rules = extra.pop(RULE_UPDATES, None)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)

@@ -183,4 +183,9 @@ def test_qwen3vl_smoke_stages_plan_with_analytic_counts():
   run, mc, geo = qwen3vl.qwen3vl_abstract_run(grpo, mesh)
   stage2 = qwen3vl.qwen3vl_param_count(mc)
   assert geo["rows"] == 2 and geo["trainable"] == stage2["text"] + stage2["pvm"]
+  # Stage II differentiates the decoder and PVM, not the frozen tower: the formula's matmuls
+  # are the traced step's (read from its jaxpr, not compiled).
+  from experiments.plan.jaxpr_flops import jaxpr_flops
+  traced = run.step.trace(run.state, run.rest, run.batch).jaxpr
+  assert abs(jaxpr_flops(traced) / qwen3vl.qwen3vl_train_flops(mc, geo)["total"] - 1) < 0.02
   assert run.batch["completion"].shape == (2, 4)
