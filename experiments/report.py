@@ -317,7 +317,7 @@ def vlm_table(root: Path) -> str:
   import json
 
   lines = [f"#### {reproduce.VLM}: PVM's long-answer rerun", "",
-           f"{reproduce.GPU_SCALE[reproduce.VLM]}.", "",
+           f"{reproduce.TRAINED_LAST[reproduce.VLM]}.", "",
            "| run | config | after | state | item acc. | answer acc. | scenes |",
            "|---|---|---|---|---:|---:|---:|"]
   for run in reproduce.vlm_plan():

@@ -32,9 +32,12 @@ Engram, chosen before these runs from the older byte-level results; 3 for the re
 PVM's long-answer rerun (`vlm_long`, experiments/RESULTS.md "Rerun design"): per seed
 0-2, stage 0 `vlm_long_base.py[:sN]` (`vlm_long/base_sN`), then Stage I
 `vlm_long_sft.py[:mlp|:none][,sN]` (`vlm_long/sft_<pvm|mlp|none>_sN`) from that base's
-checkpoint and on its rendered scenes. It is GPU-scale (sequences of ~1,000 bytes, every
-evaluation decodes 512 scenes up to 900 tokens), so `list` marks it and a queue without
-`--only` trains it after the Lngram runs; a VLM run is done when its `metrics.json`
+checkpoint and on its rendered scenes. Its runs are the longest (sequences of ~1,000
+bytes; the final evaluation decodes 512 scenes up to 900 tokens), so `list` marks it and
+a queue without `--only` trains it after the Lngram runs. On one CPU core (10-step
+timings beside another run, halved): ~0.85 s/step in the short-answer phase of stage 0
+and ~6 s/step once all counts are in, so ~1 h a base; ~2 s/step for Stage I (batch 8),
+~25 min an arm: ~7 core-hours for the 12. A VLM run is done when its `metrics.json`
 (written after its final evaluation) exists.
 
 `--smoke` runs the same queue with every config's `smoke` arg (seconds per run) under
@@ -84,9 +87,10 @@ VLM = "vlm_long"       # PVM's long-answer rerun: stage 0 bases, Stage I arms fr
 VLM_SEEDS = (0, 1, 2)
 VLM_ARMS = (("sft_pvm", ""), ("sft_mlp", "mlp"), ("sft_none", "none"))   # name, config arg
 EXPERIMENTS = (*SETTINGS, VLM)
-# Experiments too big for CPU: `list` prints the note, `run` trains them last.
-GPU_SCALE = {VLM: "GPU-scale: ~1,000-byte sequences, 512 validation scenes decoded up to "
-                  "900 tokens per evaluation; run it with --only=vlm_long on an accelerator"}
+# Experiments trained after the rest (their runs are the longest): `list` prints the note.
+TRAINED_LAST = {VLM: "trained after the Lngram runs: ~1,000-byte sequences, 512 validation "
+                     "scenes decoded up to 900 tokens at the end of each run; ~7 hours on one "
+                     "CPU core for the 12 runs (`--only=vlm_long` runs them alone)"}
 FIVE_SEEDS = ("baseline", "lngram_r16", "engram")
 ARMS = {
     "bytes": ("baseline", "dense_active", "lngram_r16", "lngram_r64", "lngram_r16_mem128",
@@ -408,10 +412,10 @@ def select(runs, only: str | None):
 def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
   """The runs to train for `runs`, seed 0 of every arm first, then seed 1, ..., so that a
   cut queue leaves every arm with some result and the first pairs complete early; the
-  GPU-scale experiments after the rest; within a seed, a run that starts from another
+  longest experiments (TRAINED_LAST) after the rest; within a seed, a run that starts from another
   (insertion, Stage I) after the runs that start from scratch."""
   order, seen = [], set()
-  for run in sorted(runs, key=lambda r: (r.experiment in GPU_SCALE, r.seed,
+  for run in sorted(runs, key=lambda r: (r.experiment in TRAINED_LAST, r.seed,
                                       r.after is not None)):
     target = by_key[run.same_as] if run.same_as else run
     if target.key not in seen:
@@ -520,8 +524,8 @@ def main(argv=None):
       for prep in preps(root, ns.smoke):
         print(("done  " if Path(prep.marker).exists() else "todo  ") + " ".join(prep.command))
     for experiment in dict.fromkeys(r.experiment for r in runs):
-      if experiment in GPU_SCALE:
-        print(f"note  {experiment}: {GPU_SCALE[experiment]}")
+      if experiment in TRAINED_LAST:
+        print(f"note  {experiment}: {TRAINED_LAST[experiment]}")
     for run in runs:
       print(f"{status(run, root):6s}" + " ".join(run.command(root, ns.smoke)))
     return 0

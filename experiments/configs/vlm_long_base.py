@@ -40,9 +40,11 @@ def long_design(c):
 
 
 def smoke_fits(c, arg: str):
-  """`smoke` keeps the filler sentences: its 2x2 answers need max_len 384, not 256."""
+  """`smoke` keeps the filler sentences (its 2x2 answers need max_len 384, not 256) and
+  the design's cells of 2x2 patches (4-pixel patches of its 8-pixel glyphs)."""
   if "smoke" in (arg or "").split(","):
     c.model.max_len = 384
+    c.vlm.encoder.patch_size = c.vlm.scenes.glyph_size // 2
   return c
 
 

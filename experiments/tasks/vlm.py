@@ -106,7 +106,8 @@ def vlm_task(config, workdir, mesh=None) -> Task:
       if st.trainable != "all":
         raise ValueError(f"vlm.stage.cell_loss_weight={st.cell_loss_weight} needs "
                          f"vlm.stage.trainable='all', got {st.trainable!r}.")
-      from experiments.vlm.cell_loss import CellPretrainer
+      from experiments.vlm.cell_loss import CellPretrainer, check_cell_geometry
+      check_cell_geometry(v.scenes.glyph_size, v.encoder.patch_size)
       trained = CellPretrainer(model, len(CLASS_NAMES), st.cell_loss_weight,
                                rngs=nnx.Rngs(config.train.seed + 1))
       loss, prefix = vlm_loss.cell_pretrainer_loss, "model/"

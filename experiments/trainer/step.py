@@ -81,7 +81,7 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
     if len(leaves) != len(frozen_leaves):
       raise ValueError(f"make_train_step: the frozen mask has {len(frozen_leaves)} leaves, "
                        f"the parameters {len(leaves)}.")
-    return [x for x, f in zip(leaves, frozen_leaves) if not f]
+    return [x for x, f in zip(leaves, frozen_leaves, strict=True) if not f]
 
   def with_frozen(params, trained_leaves, fill=None):
     """`params` with its trained leaves replaced (frozen ones kept, or `fill(x)`)."""
@@ -90,7 +90,7 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
     leaves, treedef = jax.tree.flatten(params)
     new = iter(trained_leaves)
     return jax.tree.unflatten(treedef, [(x if fill is None else fill(x)) if f else next(new)
-                                        for x, f in zip(leaves, frozen_leaves)])
+                                        for x, f in zip(leaves, frozen_leaves, strict=True)])
 
   def grad_fn(params, rest, batch):
     """((loss, metrics), gradients of `trained(params)`)."""

@@ -7,6 +7,7 @@ import pytest
 
 from experiments.configs import CONFIG_DIR, LATER_FIELDS, config_files, load_config, purpose
 from experiments.models.config import LMConfig, lm_config
+from experiments.vlm.cell_loss import check_cell_geometry
 from experiments.vlm.config import VLMConfig, vlm_config
 from lngram_jax.config import SURROGATES
 
@@ -100,6 +101,9 @@ def test_config_file_loads_and_converts(name, tiny_hf_dir):
       model = vlm_config(config)
       assert VLMConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
       lm = model.lm
+      stage = config.vlm.stage
+      if stage.name == "pretrain" and stage.cell_loss_weight > 0:   # the task's check
+        check_cell_geometry(config.vlm.scenes.glyph_size, config.vlm.encoder.patch_size)
     else:
       lm = model = lm_config(config)
       assert LMConfig.from_dict(json.loads(json.dumps(lm.to_dict()))) == lm

@@ -183,7 +183,7 @@ def test_training_order_is_seed_major_and_shards_split_it():
   runs = reproduce.plan()
   by_key = {r.key: r for r in runs}
   order = reproduce.training_order(runs, by_key)
-  lm = [r.seed for r in order if r.experiment not in reproduce.GPU_SCALE]
+  lm = [r.seed for r in order if r.experiment not in reproduce.TRAINED_LAST]
   assert lm == sorted(lm) and len(lm) == len(order) - len(reproduce.vlm_plan())
   keys = [r.key for r in order]
   assert keys.index("bytes/baseline_s0") < keys.index("bytes/inserted_low_s0")
@@ -268,10 +268,10 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   first = order.index("vlm_long/base_s0")
   assert all(k.startswith("vlm_long/") for k in order[first:]) and len(order[first:]) == 12
   assert all(order.index(r.after) < order.index(r.key) for r in vlm if r.after)
-  # `list` marks the experiment GPU-scale; `run` trains each Stage I right after its base.
+  # `list` notes the experiment is trained last; `run` trains each Stage I right after its base.
   assert reproduce.main(["list", "--only=vlm_long", f"--root={tmp_path}"]) == 0
   out = capsys.readouterr().out.splitlines()
-  assert out[0].startswith("note  vlm_long: GPU-scale") and len(out) == 13
+  assert out[0].startswith("note  vlm_long: trained after the Lngram runs") and len(out) == 13
   calls = []
   monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   assert reproduce.run_queue([vlm[3], vlm[6], vlm[0]], tmp_path) == 0   # sft s0, s1, base s0

@@ -154,3 +154,22 @@ def test_train_scene_seed_changes_the_training_draw_only(tmp_path):
   assert sft["validation"] == same["validation"]
   assert sft["train"] != same["train"]
   assert not set(sft["train"]) & set(sft["validation"])
+
+
+@pytest.mark.slow
+def test_long_answer_design_stage0_then_stage1(tmp_path):
+  """The reproduction's vlm_long chain at smoke size: stage 0 with the cell loss over cells
+  of 2x2 patches, then Stage I (PVM, its gate in its own LR group) from that base."""
+  from experiments.tasks import run_train
+  from experiments.vlm.config import vlm_config
+
+  base_config = _smoke("vlm_long_base", tmp_path)
+  model = vlm_config(base_config)
+  assert model.n_visual == 4 * base_config.vlm.scenes.rows * base_config.vlm.scenes.cols
+  base = run_train(base_config, tmp_path / "base")["final"]
+  assert base["stage"] == "pretrain" and base["history"]["steps"] == [1, 2, 3]
+  assert np.isfinite(base["history"]["loss"]).all()
+  sft_config = _smoke("vlm_long_sft", tmp_path)
+  sft_config.vlm.stage.init_from = str(tmp_path / "base")
+  sft = run_train(sft_config, tmp_path / "sft")["final"]
+  assert sft["branch"] == "pvm" and sft["eval"]["overall"].keys() >= {"item_acc"}

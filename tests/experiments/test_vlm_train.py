@@ -227,6 +227,47 @@ def test_stage0_cell_loss_is_caption_plus_weighted_cell_loss():
   assert head == {"w_head", "b_head"}
 
 
+def test_cell_features_average_each_cells_patches_in_reading_order():
+  from experiments.vlm.cell_loss import cell_features, check_cell_geometry
+
+  # A 4x6 patch grid (reading order) over 2x3 cells of 2x2 patches.
+  feats = np.arange(2 * 24 * 3, dtype=np.float64).reshape(2, 24, 3)
+  got = np.asarray(cell_features(jnp.asarray(feats), (4, 6), (2, 3)))
+  grid = feats.reshape(2, 4, 6, 3)
+  want = np.stack([grid[:, 2 * r:2 * r + 2, 2 * c:2 * c + 2].mean(axis=(1, 2))
+                   for r in range(2) for c in range(3)], axis=1)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  # One patch per cell: the features themselves.
+  np.testing.assert_array_equal(np.asarray(cell_features(jnp.asarray(feats), (4, 6), (4, 6))),
+                                feats)
+  with pytest.raises(ValueError, match="whole patches"):
+    cell_features(jnp.asarray(feats), (4, 6), (3, 3))
+  assert check_cell_geometry(16, 8) == 2 and check_cell_geometry(16, 16) == 1
+  with pytest.raises(ValueError, match="whole multiple"):
+    check_cell_geometry(16, 6)
+
+
+def test_stage0_cell_loss_pools_several_patches_per_cell():
+  """16x16 images in 8x8 patches with one 16-pixel cell: the head reads the mean of
+  its four patch features; a cell count that does not tile the patches is refused."""
+  from experiments.tasks.vlm_loss import cell_pretrainer_loss, lm_loss
+  from experiments.vlm.cell_loss import CellPretrainer, cell_class_loss
+
+  data = RandomData()
+  batch = {k: jnp.asarray(v) for k, v in data.batch(np.arange(4)).items()}
+  batch["cell_labels"] = jnp.asarray([[0], [1], [3], [2]], jnp.int32)
+  model = VLM(VLMConfig(**VLM_KW), rngs=nnx.Rngs(0))
+  trainer = CellPretrainer(model, 3, 0.5, rngs=nnx.Rngs(1))
+  pooled = model.encoder(batch["images"]).mean(axis=1, keepdims=True)
+  want = float(lm_loss(model, batch)) + 0.5 * float(cell_class_loss(
+      pooled, trainer.w_head[...], trainer.b_head[...], batch["cell_labels"]))
+  loss, _ = cell_pretrainer_loss(trainer, batch)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-6)
+  batch["cell_labels"] = jnp.zeros((4, 3), jnp.int32)
+  with pytest.raises(ValueError, match="k x k whole patches"):
+    cell_pretrainer_loss(trainer, batch)
+
+
 @pytest.mark.slow   # compiles the cached sampler
 def test_grpo_hooks_start_at_ratio_one_and_zero_kl():
   """At the first step the sampling policy is the trained one: the teacher-forced
