@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import reproduce, stats
+from experiments import report_vlm, reproduce, stats
 from experiments.configs import load_config
 from experiments.models import lm_config, params
 from experiments.report_analyses import analysis_claims, id_section, insertion_section
@@ -307,32 +307,9 @@ def report(root: Path, out: Path) -> str:
       link = os.path.relpath(path.resolve(), RESULTS_DIR.resolve())
       parts.append(f"\n![{experiment}]({Path(link).as_posix()})")
     parts.append("")
-  parts += [id_section(root), "", insertion_section(root, results), "", vlm_table(root), ""]
+  parts += [id_section(root), "", insertion_section(root, results), "",
+            report_vlm.vlm_section(root), ""]
   return "\n".join(parts)
-
-
-def vlm_table(root: Path) -> str:
-  """PVM's long-answer rerun: each run's state and, once done, its final evaluation
-  (metrics.json: item and answer accuracy over the validation scenes)."""
-  import json
-
-  lines = [f"#### {reproduce.VLM}: PVM's long-answer rerun", "",
-           f"{reproduce.TRAINED_LAST[reproduce.VLM]}.", "",
-           "| run | config | after | state | item acc. | answer acc. | scenes |",
-           "|---|---|---|---|---:|---:|---:|"]
-  for run in reproduce.vlm_plan():
-    cells = ["–"] * 3
-    state = reproduce.status(run, root)
-    if state == "done":
-      try:
-        ev = json.loads((reproduce.run_dir(run, root) / "metrics.json").read_text())["eval"]
-        cells = [f"{ev['overall']['item_acc']:.4f}", f"{ev['overall']['answer_acc']:.4f}",
-                 str(ev["n"])]
-      except (OSError, ValueError, KeyError, TypeError) as e:
-        state = f"pending: metrics.json unreadable ({type(e).__name__})"
-    lines.append(f"| `{run.key}` | `{run.config}` | {run.after or '–'} | {state} | "
-                 + " | ".join(cells) + " |")
-  return "\n".join(lines)
 
 
 def main(argv=None):

@@ -57,8 +57,9 @@ flags it started with.
 `analyze` runs `lngram-exp analyze` on every finished seed of Lngram v2 r16 and r64
 and of the random-router control (bytes: the record analyses of §3 and App. C), and
 on the insertion pair (`bytes/inserted_low_s0`, `bytes/lngram_r16_s0`: App. B's
-stability and injection), skipping analyses already written from the final
-checkpoint under the current record protocol (`--force` redoes them).
+stability and injection), and `attention` on every finished stage-0 base of `vlm_long`
+(PVM's premise, 64 scenes up to 900 tokens), skipping analyses already written from the
+final checkpoint under the current record protocol (`--force` redoes them).
 """
 
 from __future__ import annotations
@@ -329,6 +330,33 @@ INSERTION_ANALYSES = ("stability", "injection")   # App. B.2 and B.3
 STABILITY_STEPS = {"bytes/inserted_low_s0": (100, 300)}
 
 
+# PVM's premise on every finished stage-0 base of the rerun: the backbone's visual attention
+# mass against the generated position, over the design's whole answer length.
+VLM_ANALYSES = ("attention",)
+VLM_ATTENTION_SCENES = 64
+VLM_MAX_NEW_TOKENS = 900      # vlm_long_base.MAX_NEW_TOKENS
+
+
+def vlm_final_step(run: Run, root: Path | None = None) -> int | None:
+  """The last training step of a finished VLM run (its metrics.json history), else None."""
+  try:
+    steps_ = json.loads((run_dir(run, root) / "metrics.json").read_text())["history"]["steps"]
+    return int(steps_[-1])
+  except (OSError, ValueError, KeyError, IndexError, TypeError):
+    return None
+
+
+def vlm_analysis_written(run: Run, root: Path | None = None) -> bool:
+  """attention_decay.json (the VLM analyses write into the run directory itself) exists
+  and was computed from the run's final checkpoint."""
+  try:
+    result = json.loads((run_dir(run, root) / "attention_decay.json").read_text())
+  except (OSError, ValueError):
+    return False
+  step = (result.get("source") or {}).get("step") if isinstance(result, dict) else None
+  return step is not None and step == vlm_final_step(run, root)
+
+
 def analysis_path(run: Run, name: str, root: Path | None = None) -> Path:
   return run_dir(run, root) / "analysis" / f"{name}.json"
 
@@ -386,10 +414,23 @@ def analysis_jobs(root: Path | None = None, force: bool = False):
       skipped.append((key, f"already written: {','.join(done)} (--force redoes them)"))
     if todo:
       jobs.append((run, tuple(todo), "; ".join(reasons)))
+  for run in runs:
+    if run.experiment != VLM or run.name != "base":
+      continue
+    if not finished(run, root):
+      skipped.append((run.key, "not finished"))
+    elif force or not vlm_analysis_written(run, root):
+      jobs.append((run, VLM_ANALYSES, "PVM's premise: the base's visual attention vs t"))
+    else:
+      skipped.append((run.key, "already written: attention (--force redoes it)"))
   return jobs, skipped
 
 
 def analyze_command(run: Run, names, root: Path | None = None) -> list[str]:
+  if run.experiment == VLM:
+    return ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
+            f"--which={','.join(names)}", f"--n={VLM_ATTENTION_SCENES}",
+            f"--max_new_tokens={VLM_MAX_NEW_TOKENS}"]
   command = ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
              f"--which={','.join(names)}", f"--step={steps(run)}"]
   if any(n in RECORD_ANALYSES for n in names):

@@ -218,6 +218,34 @@ def doc_bootstrap_ci(delta_nats_SxD, tokens_D, *, resamples: int = 2000, seed: i
   return point, float(lo), float(hi)
 
 
+def group_bootstrap_ci(delta_SxN, groups_N, weights: dict, *, resamples: int = 2000,
+                       seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+  """(point, lo, hi) of a paired contrast over evaluation items (e.g. validation scenes):
+  `delta_SxN` is, per seed s and item, the arms' difference (rows are seeds, paired);
+  the statistic is sum_g weights[g] · mean over the items of group g of the seed-mean
+  difference (group "*" is every item), and the CI its percentile interval over resamples
+  of the items with replacement within each group (stratified), one resample shared by
+  every seed. NaNs when a weighted group has no item."""
+  delta = np.asarray(delta_SxN, np.float64)
+  groups = np.asarray(groups_N, dtype=object)
+  if delta.ndim != 2 or delta.shape[1] != groups.size or groups.size == 0:
+    raise ValueError(f"group_bootstrap_ci: delta {delta.shape} and groups {groups.shape} must "
+                     "be [S, N] and [N], N > 0.")
+  delta_N = delta.mean(axis=0)
+  members = {g: (np.arange(groups.size) if g == "*" else np.flatnonzero(groups == g))
+             for g in weights}
+  if any(m.size == 0 for m in members.values()):
+    return math.nan, math.nan, math.nan
+  rng = np.random.default_rng(seed)
+  point, boot = 0.0, np.zeros(resamples)
+  for g, w in weights.items():
+    values = delta_N[members[g]]
+    point += w * float(values.mean())
+    boot += w * values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+  lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+  return point, float(lo), float(hi)
+
+
 # --- the verdict ---------------------------------------------------------------------------
 
 def verdict(test: dict, holm_p: float, *, alpha: float = ALPHA) -> str:

@@ -137,6 +137,9 @@ def accuracy_by_length(model, data, *, n: int = 64, max_new_tokens: int = 160,
 
   item accuracy: fraction of objects whose exact "position: name." appears;
   for the count task also the answer accuracy and reward (pvm_jax.data.rewards).
+  `per_scene` keeps every scene's k, length group, item accuracy and answer accuracy
+  (None for the caption task) and a digest of the scene (`scene_digest`), in validation
+  order: arms evaluated on the same scenes pair scene by scene.
   """
   k_max = data.scene_config.k_max
   per_group = {g: {"n": 0, "item_acc": 0.0, "answer_acc": 0.0, "reward": 0.0}
@@ -144,19 +147,26 @@ def accuracy_by_length(model, data, *, n: int = 64, max_new_tokens: int = 160,
   per_pos = np.zeros(k_max)
   per_pos_n = np.zeros(k_max)
   samples = []
+  per_scene = {"digest": [], "k": [], "group": [], "item_acc": [], "answer_acc": []}
   for start in range(0, n, batch_size):
     idx = np.arange(start, min(n, start + batch_size))
     _, tokens = greedy_answers(model, data, idx, max_new_tokens)
     for j, row in zip(idx, tokens, strict=True):
       scene, text = data.scenes[j], decode(row)
       items = item_correct(text, scene)
-      g = per_group[length_group(scene.k, k_max)]
+      group = length_group(scene.k, k_max)
+      g = per_group[group]
       g["n"] += 1
       g["item_acc"] += float(np.mean(items))
+      answer_acc = None
       if data.task == "count":
         answer = data.examples[j]["answer"]
-        g["answer_acc"] += accuracy_reward(text, answer)
+        answer_acc = float(accuracy_reward(text, answer))
+        g["answer_acc"] += answer_acc
         g["reward"] += reward(text, answer)
+      for key, value in (("digest", scene_digest(scene)), ("k", scene.k), ("group", group),
+                         ("item_acc", float(np.mean(items))), ("answer_acc", answer_acc)):
+        per_scene[key].append(value)
       per_pos[:len(items)] += items
       per_pos_n[:len(items)] += 1
       if len(samples) < 4:
@@ -170,7 +180,14 @@ def accuracy_by_length(model, data, *, n: int = 64, max_new_tokens: int = 160,
              for key in ("item_acc", "answer_acc", "reward")}
   return {"task": data.task, "n": total, "overall": overall, "groups": per_group,
           "position_acc": (per_pos / np.maximum(per_pos_n, 1)).tolist(),
-          "position_n": per_pos_n.tolist(), "samples": samples}
+          "position_n": per_pos_n.tolist(), "samples": samples, "per_scene": per_scene}
+
+
+def scene_digest(scene) -> str:
+  """12 hex digits naming a scene by its content (grid, cells, classes, category)."""
+  import hashlib
+  key = f"{scene.rows}x{scene.cols}:{scene.cells}:{scene.classes}:{scene.category}"
+  return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def logit_lens(model, data, *, n: int = 16, max_new_tokens: int = 96,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import report, reproduce, results, stats
+from experiments import report, report_vlm, reproduce, results, stats
 from experiments.configs import load_config
 from experiments.data.validation import write_per_doc
 from experiments.models import DecoderLM, lm_config, params
@@ -283,10 +283,13 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   (reproduce.run_dir(base, tmp_path) / "metrics.jsonl").write_text('{"step": 1}\n')
   assert reproduce.status(base, tmp_path) == "part" and base.key in report.pending_runs(tmp_path)
   (reproduce.run_dir(base, tmp_path) / "metrics.json").write_text(json.dumps(
-      {"eval": {"n": 512, "overall": {"item_acc": 0.5, "answer_acc": 0.25, "reward": 0.0}}}))
+      {"eval": {"n": 512, "overall": {"item_acc": 0.5, "answer_acc": 0.25, "reward": 0.0},
+                "groups": {g: {"n": 128, "item_acc": 0.5 + 0.1 * i}
+                           for i, g in enumerate(("very_short", "short", "medium", "long"))}},
+       "history": {"steps": [1, 2]}}))
   assert reproduce.finished(base, tmp_path) and base.key not in report.pending_runs(tmp_path)
-  assert ("| `vlm_long/base_s0` | `vlm_long_base.py` | – | done | 0.5000 | 0.2500 | 512 |"
-          in report.vlm_table(tmp_path))
+  assert ("| `vlm_long/base_s0` | `vlm_long_base.py` | – | done | 0.5000 | 0.5000 | 0.6000 | "
+          "0.7000 | 0.8000 | 0.2500 | 512 |" in report_vlm.runs_table(tmp_path))
 
 
 def test_queued_runs_share_one_persistent_compilation_cache(tmp_path, monkeypatch):

@@ -173,3 +173,11 @@ def test_long_answer_design_stage0_then_stage1(tmp_path):
   sft_config.vlm.stage.init_from = str(tmp_path / "base")
   sft = run_train(sft_config, tmp_path / "sft")["final"]
   assert sft["branch"] == "pvm" and sft["eval"]["overall"].keys() >= {"item_acc"}
+  # Per-scene records pair the arms scene by scene; they add up to the overall and groups.
+  ev = sft["eval"]
+  scenes = ev["per_scene"]
+  assert len(scenes["item_acc"]) == len(set(scenes["digest"])) == ev["n"]
+  np.testing.assert_allclose(np.mean(scenes["item_acc"]), ev["overall"]["item_acc"])
+  for g, r in ev["groups"].items():
+    assert scenes["group"].count(g) == r["n"]
+  assert base["eval"]["per_scene"]["digest"] == scenes["digest"]   # the same scenes
