@@ -1,14 +1,18 @@
 """The Lngram v2 paper's comparisons at small scale, paired by seed, in two settings.
 
     python -m experiments.reproduce list [--only=bytes,tokens,vlm_long] [--smoke] [--root=DIR]
-    python -m experiments.reproduce run  [--only=bytes] [--max_runs=N] [--shard=I/K] [--smoke]
+    python -m experiments.reproduce run  [--only=bytes] [--max_runs=N] [--claim | --shard=I/K]
+                                         [--smoke]
     python -m experiments.reproduce analyze [--force] [--dry_run]
 
 `run` first prepares what a setting needs (the token data: a copy of the corpus, a
 4,096-id BPE trained on its training split, `lngram-exp prepare-data`), then trains
 the runs one after another in `runs/repro/<setting>/<arm>_s<seed>` (a rerun resumes a
-cut run exactly and skips finished ones; `--shard=I/K` takes every K-th run from the
-I-th, for K processes side by side). Every run is an ordinary `lngram-exp train` of
+cut run exactly and skips finished ones). For several processes side by side, `--claim`
+makes each take the next run no other live process has claimed (a `<run>.claim` file,
+experiments/claims.py), waiting while a run it starts from trains elsewhere; `--shard=I/K`
+instead takes every K-th run from the I-th (a fixed split, e.g. over machines without a
+shared file system; a shard skips a run whose start is another shard's and not done). Every run is an ordinary `lngram-exp train` of
 `experiments/configs/repro_lm.py:<setting>,<arm>`; the seed sets the parameters and
 the batch order, and since memory branches draw their init after the backbone, the
 runs of one seed share the backbone's init and data: arms are compared paired by seed
@@ -46,11 +50,11 @@ and ~6 s/step once all counts are in, so ~1 h a base; ~2 s/step for Stage I (bat
 Cost (estimated in RESULTS.md from a 40-step timing and the d = 128 runs): about 15-20
 min a 600-step run on an idle 2-core machine, so ~14 h for the 57 runs of bytes and ~11 h
 for the 33 of tokens on 2 cores, ~3-4 h each on 8 cores with `--shard=I/4`; the `gpu`
-config arg runs the same comparison bigger on an accelerator. On 2 cores, two shards pinned
+config arg runs the same comparison bigger on an accelerator. On 2 cores, two processes pinned
 to a core each with single-threaded XLA (`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
-intra_op_parallelism_threads=1" taskset -c I python -m experiments.reproduce run
---shard=I/2`, I = 0, 1) train ~12% more steps per second than one queue on both cores (one
-Lngram v2 r16 run, 60 steps: 0.56 s/step alone vs 0.99 s/step each side by side). The
+intra_op_parallelism_threads=1" taskset -c I python -m experiments.reproduce run --claim`,
+I = 0, 1) train ~12% more steps per second than one queue on both cores (one Lngram v2
+r16 run, 60 steps: 0.56 s/step alone vs 0.99 s/step each side by side). The
 thread count can change float rounding, so a run resumes bit-exactly only under the same
 flags it started with.
 
@@ -66,13 +70,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from experiments import claims
 from experiments.trainer.writers import read_metrics
 
 ROOT = Path("runs/repro")
@@ -496,10 +503,12 @@ def _call(command, log_path: Path, cache_dir: Path | None = None) -> int:
     return subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
-              max_runs: int | None = None, shard: tuple[int, int] = (0, 1)) -> int:
-  by_key = {r.key: r for r in plan()}
-  if any(r.experiment == "tokens" for r in runs):
+def _prepare(root: Path, smoke: bool) -> int:
+  """The token setting's preparation steps not yet done; under a lock, so that processes
+  started together prepare once (the others wait, then find the markers)."""
+  token_root(root).mkdir(parents=True, exist_ok=True)
+  with open(token_root(root) / ".prepare.lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
     for prep in preps(root, smoke):
       if Path(prep.marker).exists():
         continue
@@ -509,6 +518,40 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
       if code != 0:
         print(f"prepare {prep.key} exited {code}; see its log", flush=True)
         return code
+  return 0
+
+
+def _train(run: Run, root: Path, smoke: bool) -> int:
+  workdir = run_dir(run, root)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / STAMP).write_text(json.dumps(stamp(run, smoke)) + "\n")
+  command = run.command(root, smoke)
+  print(f"run {run.key}: {' '.join(command)}", flush=True)
+  code = _call([sys.executable, "-m", "experiments", *command[1:]],
+               workdir.parent / f"{workdir.name}.log", cache_dir=root / ".xla_cache")
+  if code != 0:
+    print(f"run {run.key} exited {code}; see its log", flush=True)
+  return code
+
+
+def _stale_line(run: Run, root: Path) -> str:
+  return (f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
+          "an older design's run); move it away to train this run")
+
+
+def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
+              max_runs: int | None = None, shard: tuple[int, int] = (0, 1),
+              claim: bool = False, poll_s: float = 60.0) -> int:
+  """Trains the unfinished `runs` in `training_order`: with `claim`, each takes the first
+  run no live process has claimed (`experiments/claims.py`), waiting while a run it needs
+  is trained elsewhere; else every K-th run from the I-th of `shard`."""
+  by_key = {r.key: r for r in plan()}
+  if any(r.experiment == "tokens" for r in runs):
+    code = _prepare(root, smoke)
+    if code != 0:
+      return code
+  if claim:
+    return _claiming_queue(runs, root, by_key, smoke, max_runs, poll_s)
   done = {r.key for r in by_key.values() if finished(r, root)}
   started = 0
   i, k = shard
@@ -516,8 +559,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if n % k != i or run.key in done:
       continue
     if stale(run, root):
-      print(f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
-            "an older design's run); move it away to train this run", flush=True)
+      print(_stale_line(run, root), flush=True)
       continue
     if run.after is not None and run.after not in done:
       print(f"skip {run.key}: waits for {run.after}", flush=True)
@@ -525,18 +567,58 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if max_runs is not None and started >= max_runs:
       break
     started += 1
-    workdir = run_dir(run, root)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / STAMP).write_text(json.dumps(stamp(run, smoke)) + "\n")
-    command = run.command(root, smoke)
-    print(f"run {run.key}: {' '.join(command)}", flush=True)
-    code = _call([sys.executable, "-m", "experiments", *command[1:]],
-                 workdir.parent / f"{workdir.name}.log", cache_dir=root / ".xla_cache")
+    code = _train(run, root, smoke)
     if code != 0:
-      print(f"run {run.key} exited {code}; see its log", flush=True)
       return code
     done.add(run.key)
   return 0
+
+
+def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float) -> int:
+  """The claim-based queue: rescans the order after every run (so seed-major priority
+  holds across processes) and ends when nothing is left it could train."""
+  order = training_order(runs, by_key)
+  started, said = 0, set()
+  trained = set()   # exited 0 here: never started twice by this process, counted as done
+
+  def say(key, line):
+    if (key, line) not in said:
+      said.add((key, line))
+      print(line, flush=True)
+
+  while True:
+    done = trained | {r.key for r in by_key.values() if finished(r, root)}
+    waiting, took = [], False
+    for run in order:
+      if run.key in done:
+        continue
+      if stale(run, root):
+        say(run.key, _stale_line(run, root))
+        continue
+      if run.after is not None and run.after not in done:
+        if claims.holder(run_dir(by_key[run.after], root)) is not None:
+          waiting.append(run.key)   # another process trains what it starts from
+        else:
+          say(run.key, f"skip {run.key}: waits for {run.after}")
+        continue
+      if max_runs is not None and started >= max_runs:
+        return 0
+      with claims.claim(run_dir(run, root)) as mine:
+        if not mine or finished(run, root):   # another process has it, or just finished it
+          continue
+        started += 1
+        code = _train(run, root, smoke)
+        if code != 0:
+          return code
+        trained.add(run.key)
+      took = True
+      break
+    if took:
+      continue
+    if not waiting:
+      return 0
+    say(tuple(waiting), f"wait: {', '.join(waiting)} start from runs another process trains")
+    time.sleep(poll_s)
 
 
 def main(argv=None):
@@ -545,6 +627,9 @@ def main(argv=None):
   parser.add_argument("--only", default=None, help="comma-separated settings")
   parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
   parser.add_argument("--shard", default=None, help="run: I/K, every K-th run from the I-th")
+  parser.add_argument("--claim", action="store_true",
+                      help="run: take the next run no other process has claimed (several "
+                           "processes on one machine share the queue)")
   parser.add_argument("--smoke", action="store_true", help="the smoke sizes, under --root")
   parser.add_argument("--root", default=None, help="default runs/repro (smoke: runs/repro_smoke)")
   parser.add_argument("--force", action="store_true", help="analyze: redo written analyses")
@@ -570,7 +655,10 @@ def main(argv=None):
     for run in runs:
       print(f"{status(run, root):6s}" + " ".join(run.command(root, ns.smoke)))
     return 0
-  return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard))
+  if ns.claim and ns.shard:
+    raise SystemExit("error: --claim and --shard split the queue two ways; use one")
+  return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard),
+                   claim=ns.claim)
 
 
 def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None) -> int:
