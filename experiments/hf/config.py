@@ -39,13 +39,20 @@ def read_config_json(hf_dir) -> dict:
   if not path.is_file():
     raise HFCheckpointError(f"{hf_dir}: no config.json (not a Hugging Face checkpoint "
                             "directory).")
+  return read_json_object(path)
+
+
+def read_json_object(path) -> dict:
+  """A checkpoint's JSON file that must hold an object (config.json, tokenizer_config.json,
+  ...); HFCheckpointError (a ValueError) naming the file otherwise."""
+  path = Path(path)
   try:
-    config = json.loads(path.read_text())
+    value = json.loads(path.read_text())
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise HFCheckpointError(f"{path}: not valid JSON ({e}).") from None
-  if not isinstance(config, dict):
+    raise HFCheckpointError(f"{path}: not valid JSON ({' '.join(str(e).split())}).") from None
+  if not isinstance(value, dict):
     raise HFCheckpointError(f"{path}: not a JSON object.")
-  return config
+  return value
 
 
 def _rope(hf: dict) -> tuple[float, tuple]:

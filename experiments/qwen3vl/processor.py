@@ -17,11 +17,11 @@ patch window); the counts of placeholders and images must agree (DESIGN.md §11.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from experiments.hf.config import read_json_object
 from experiments.qwen3vl import chat
 from experiments.qwen3vl.image import ImageConfig, image_tokens, load_image, preprocess_images
 
@@ -30,16 +30,6 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 VIDEO_PAD = "<|video_pad|>"
 MM_TYPE_IMAGE, MM_TYPE_VIDEO = 1, 2     # transformers' mm_token_type_ids values
-
-
-def _read_json(path: Path) -> dict:
-  try:
-    value = json.loads(path.read_text())
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path}: not JSON ({' '.join(str(e).split())}).") from None
-  if not isinstance(value, dict):
-    raise ValueError(f"{path}: not a JSON object.")
-  return value
 
 
 def _token_text(value) -> str | None:
@@ -54,7 +44,7 @@ def template_source(hf_dir: Path, tokenizer_config: dict) -> str | None:
   if (hf_dir / "chat_template.jinja").is_file():
     return (hf_dir / "chat_template.jinja").read_text()
   if (hf_dir / "chat_template.json").is_file():
-    value = _read_json(hf_dir / "chat_template.json").get("chat_template")
+    value = read_json_object(hf_dir / "chat_template.json").get("chat_template")
     if isinstance(value, str):
       return value
   value = tokenizer_config.get("chat_template")
@@ -116,16 +106,16 @@ class Qwen3VLProcessor:
                        ) from None
     config = {}
     if (hf_dir / TOKENIZER_CONFIG).is_file():
-      config = _read_json(hf_dir / TOKENIZER_CONFIG)
+      config = read_json_object(hf_dir / TOKENIZER_CONFIG)
     source = template_source(hf_dir, config)
     image_config = ImageConfig.from_preprocessor_config(
-        _read_json(hf_dir / PREPROCESSOR_CONFIG))
+        read_json_object(hf_dir / PREPROCESSOR_CONFIG))
     processor = cls(tokenizer, image_config,
                     template=None if source is None else chat.chat_template_from_source(source),
                     pad_token=_token_text(config.get("pad_token")),
                     padding_side=config.get("padding_side", "right"))
     if (hf_dir / "config.json").is_file():
-      wanted = _read_json(hf_dir / "config.json").get("image_token_id")
+      wanted = read_json_object(hf_dir / "config.json").get("image_token_id")
       if wanted is not None and wanted != processor.image_token_id:
         raise ValueError(f"{hf_dir}: config.json image_token_id={wanted} but {TOKENIZER} "
                          f"has {chat.IMAGE_PAD} = {processor.image_token_id}.")
