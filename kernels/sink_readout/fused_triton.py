@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels.sink_readout.common import MASK_VALUE, BlockSizes, triton_pad
-from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, _num_warps
+from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, compiler_params
 
 
 class _Tiles:
@@ -232,8 +232,7 @@ def forward(q_BTxHqxDr, tables, rows, norm_scale_Dr, sink_logit, *, scale: float
       out_specs=[heads, stats],
       out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
                  jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
-      compiler_params=plgpu.CompilerParams(
-          num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
+      compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="fused_sink_readout_fwd",
   )(jnp.full((hp,), sink_logit, jnp.float32), q_BTxHqxDr, norm_scale_Dr.astype(jnp.float32),
@@ -269,8 +268,7 @@ def backward(q_BTxHqxDr, tables, rows, norm_scale_Dr, out_BTxHqxDr, lse_BTxHq, d
       out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
                  *[jax.ShapeDtypeStruct((BT, R, Dm), q_BTxHqxDr.dtype)] * n_orders,
                  jax.ShapeDtypeStruct((grid[0], Dr), jnp.float32)],
-      compiler_params=plgpu.CompilerParams(
-          num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
+      compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="fused_sink_readout_bwd",
   )(q_BTxHqxDr, norm_scale_Dr.astype(jnp.float32), out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,

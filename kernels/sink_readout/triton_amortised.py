@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels.sink_readout.common import MASK_VALUE, triton_pad
-from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, _num_warps
+from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, compiler_params
 
 
 class _Block:
@@ -188,8 +188,7 @@ def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
       out_specs=[heads, stats],
       out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
                  jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
-      compiler_params=plgpu.CompilerParams(
-          num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
+      compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="sink_readout_token_block_fwd",
   )(sink_M, q_BTxHqxDr, mem_BTxRxDr)
@@ -213,8 +212,7 @@ def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dl
       out_specs=[heads, routes],
       out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
                  jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
-      compiler_params=plgpu.CompilerParams(
-          num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
+      compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="sink_readout_token_block_bwd",
   )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,

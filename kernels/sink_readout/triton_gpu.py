@@ -134,10 +134,11 @@ def _backward_kernel(q_ref, mem_ref, out_ref, lse_ref, dout_ref, dlse_ref, dq_re
   lax.fori_loop(0, block_n, token, None)
 
 
-def _num_warps(num_warps, padded_dim):
-  if num_warps is not None:
-    return num_warps
-  return 4 if padded_dim <= 256 else 8
+def compiler_params(num_warps, num_stages, padded_dim):
+  """Triton's launch parameters; num_warps None: 4 up to 256 padded features, else 8."""
+  if num_warps is None:
+    num_warps = 4 if padded_dim <= 256 else 8
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def _tile_specs(BT, Hq, R, Dr, block_n, block_r):
@@ -173,8 +174,7 @@ def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
       out_specs=[heads, stats],
       out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
                  jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
-      compiler_params=plgpu.CompilerParams(
-          num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
+      compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="sink_readout_fwd",
   )(sink_Hp, q_BTxHqxDr, mem_BTxRxDr)
@@ -198,8 +198,7 @@ def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dl
       out_specs=[heads, routes],
       out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
                  jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
-      compiler_params=plgpu.CompilerParams(
-          num_warps=_num_warps(num_warps, dp), num_stages=num_stages),
+      compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="sink_readout_bwd",
   )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
