@@ -12,11 +12,11 @@ cut run exactly and skips finished ones). For several processes side by side, `-
 makes each take the next run no other live process has claimed (a `<run>.claim` file,
 experiments/claims.py), waiting while a run it starts from trains elsewhere; `--shard=I/K`
 instead takes every K-th run from the I-th (a fixed split, e.g. over machines without a
-shared file system; a shard skips a run whose start is another shard's and not done). Every run is an ordinary `lngram-exp train` of
-`experiments/configs/repro_lm.py:<setting>,<arm>`; the seed sets the parameters and
-the batch order, and since memory branches draw their init after the backbone, the
-runs of one seed share the backbone's init and data: arms are compared paired by seed
-(experiments/stats.py, `python -m experiments.report`).
+shared file system; a shard skips a run whose start is another shard's and not done).
+Every run is an ordinary `lngram-exp train` of `experiments/configs/repro_lm.py:<setting>,
+<arm>`; the seed sets the parameters and the batch order, and since memory branches draw
+their init after the backbone, the runs of one seed share the backbone's init and data:
+arms are compared paired by seed (experiments/stats.py, `python -m experiments.report`).
 
 A run directory holds `repro.json` (this design's version, written before training):
 a directory without it, or of another version, is STALE (runs of the older unpaired
@@ -49,8 +49,8 @@ and ~6 s/step once all counts are in, so ~1 h a base; ~2 s/step for Stage I (bat
 
 Cost (estimated in RESULTS.md from a 40-step timing and the d = 128 runs): about 15-20
 min a 600-step run on an idle 2-core machine, so ~14 h for the 57 runs of bytes and ~11 h
-for the 33 of tokens on 2 cores, ~3-4 h each on 8 cores with `--shard=I/4`; the `gpu`
-config arg runs the same comparison bigger on an accelerator. On 2 cores, two processes pinned
+for the 33 of tokens on 2 cores, ~3-4 h each on 8 cores with four `--claim` processes; the
+`gpu` config arg runs the same comparison bigger on an accelerator. On 2 cores, two processes pinned
 to a core each with single-threaded XLA (`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
 intra_op_parallelism_threads=1" taskset -c I python -m experiments.reproduce run --claim`,
 I = 0, 1) train ~12% more steps per second than one queue on both cores (one Lngram v2
@@ -460,8 +460,8 @@ def select(runs, only: str | None):
 def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
   """The runs to train for `runs`, seed 0 of every arm first, then seed 1, ..., so that a
   cut queue leaves every arm with some result and the first pairs complete early; the
-  longest experiments (TRAINED_LAST) after the rest; within a seed, a run that starts from another
-  (insertion, Stage I) after the runs that start from scratch."""
+  longest experiments (TRAINED_LAST) after the rest; within a seed, a run that starts from
+  another (insertion, Stage I) after the runs that start from scratch."""
   order, seen = [], set()
   for run in sorted(runs, key=lambda r: (r.experiment in TRAINED_LAST, r.seed,
                                       r.after is not None)):

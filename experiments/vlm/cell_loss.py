@@ -4,11 +4,10 @@ With one ViT patch per grid cell (patch_size == glyph_size), patch n shows
 exactly the object of cell n, or nothing; with k x k patches per cell
 (glyph_size = k · patch_size, e.g. the long-answer design's 16-pixel glyphs in
 8-pixel patches), the cell's feature is the mean of its k² patch features.
-Byte-level captions alone teach
-the from-scratch encoder the 40 classes too slowly on this scale (the
-captions' gradient reaches a class only through the whole LM), so stage 0
-can add a linear head on the encoder's patch features that predicts each
-cell's class, with "empty" as class `n_classes`:
+Byte-level captions alone teach the from-scratch encoder the 40 classes too
+slowly on this scale (the captions' gradient reaches a class only through the
+whole LM), so stage 0 can add a linear head on the encoder's cell features
+that predicts each cell's class, with "empty" as class `n_classes`:
 
     loss = caption CE + weight · mean_{b, n} CE(head(cell_feature_bn), label_bn)
 
