@@ -57,6 +57,20 @@ def test_dead_and_unreadable_claims_are_taken_over(tmp_path):
   assert claims.try_claim(run)
 
 
+def test_a_reused_pid_or_another_boot_does_not_hold_a_claim(tmp_path, other_process):
+  run = tmp_path / "a_s0"
+  me = claims._identity(other_process)
+  claims.claim_path(run).write_text(json.dumps(me))
+  assert claims.holder(run)["pid"] == other_process
+  if me["start"] is None or me["boot"] is None:
+    pytest.skip("no /proc here: only the pid is checked")
+  # The same pid, started at another time: a later process that reuses the pid.
+  claims.claim_path(run).write_text(json.dumps(dict(me, start=str(int(me["start"]) - 1))))
+  assert claims.holder(run) is None
+  claims.claim_path(run).write_text(json.dumps(dict(me, boot="another-boot")))
+  assert claims.holder(run) is None and claims.try_claim(run)
+
+
 def test_the_claiming_queue_skips_held_runs_and_waits_for_a_start(tmp_path, monkeypatch,
                                                                    other_process, capsys):
   by_key = {r.key: r for r in reproduce.plan()}
