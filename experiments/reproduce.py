@@ -2,7 +2,7 @@
 
     python -m experiments.reproduce list [--only=bytes,tokens,vlm_long] [--smoke] [--root=DIR]
     python -m experiments.reproduce run  [--only=bytes] [--max_runs=N] [--claim | --shard=I/K]
-                                         [--smoke]
+                                         [--analyze] [--smoke]
     python -m experiments.reproduce analyze [--force] [--dry_run]
 
 `run` first prepares what a setting needs (the token data: a copy of the corpus, a
@@ -63,7 +63,8 @@ and of the random-router control (bytes: the record analyses of §3 and App. C),
 on the insertion pair (`bytes/inserted_low_s0`, `bytes/lngram_r16_s0`: App. B's
 stability and injection), and `attention` on every finished stage-0 base of `vlm_long`
 (PVM's premise, 64 scenes up to 900 tokens), skipping analyses already written from the
-final checkpoint under the current record protocol (`--force` redoes them).
+final checkpoint under the current record protocol (`--force` redoes them); `run
+--analyze` gives each run those analyses as soon as it has trained.
 """
 
 from __future__ import annotations
@@ -384,7 +385,7 @@ def analysis_written(run: Run, name: str, root: Path | None = None) -> bool:
   if not isinstance(result, dict):
     return False
   source = result.get("source")
-  if source is not None and source.get("step") != steps(run):
+  if source is not None and source.get("step") != stamped_steps(run, root):
     return False
   if name in RECORD_ANALYSES:
     version = (result.get("protocol") or {}).get("version", 1)
@@ -439,10 +440,11 @@ def analyze_command(run: Run, names, root: Path | None = None) -> list[str]:
             f"--which={','.join(names)}", f"--n={VLM_ATTENTION_SCENES}",
             f"--max_new_tokens={VLM_MAX_NEW_TOKENS}"]
   command = ["lngram-exp", "analyze", f"--workdir={run_dir(run, root)}",
-             f"--which={','.join(names)}", f"--step={steps(run)}"]
+             f"--which={','.join(names)}", f"--step={stamped_steps(run, root)}"]
   if any(n in RECORD_ANALYSES for n in names):
     command.append(f"--max_positions={MAX_POSITIONS}")
-  if "stability" in names and run.key in STABILITY_STEPS:
+  if ("stability" in names and run.key in STABILITY_STEPS
+      and stamped_steps(run, root) == steps(run)):   # not a smoke run's few steps
     command.append(f"--stability_steps={','.join(map(str, STABILITY_STEPS[run.key]))}")
   return command
 
@@ -541,17 +543,18 @@ def _stale_line(run: Run, root: Path) -> str:
 
 def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
               max_runs: int | None = None, shard: tuple[int, int] = (0, 1),
-              claim: bool = False, poll_s: float = 60.0) -> int:
+              claim: bool = False, poll_s: float = 60.0, then_analyze: bool = False) -> int:
   """Trains the unfinished `runs` in `training_order`: with `claim`, each takes the first
   run no live process has claimed (`experiments/claims.py`), waiting while a run it needs
-  is trained elsewhere; else every K-th run from the I-th of `shard`."""
+  is trained elsewhere; else every K-th run from the I-th of `shard`. With `then_analyze`,
+  each trained run then gets the analyses `analyze` would give it."""
   by_key = {r.key: r for r in plan()}
   if any(r.experiment == "tokens" for r in runs):
     code = _prepare(root, smoke)
     if code != 0:
       return code
   if claim:
-    return _claiming_queue(runs, root, by_key, smoke, max_runs, poll_s)
+    return _claiming_queue(runs, root, by_key, smoke, max_runs, poll_s, then_analyze)
   done = {r.key for r in by_key.values() if finished(r, root)}
   started = 0
   i, k = shard
@@ -571,10 +574,13 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if code != 0:
       return code
     done.add(run.key)
+    if then_analyze:
+      analyze(root=root, keys={run.key})
   return 0
 
 
-def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float) -> int:
+def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float,
+                    then_analyze: bool) -> int:
   """The claim-based queue: rescans the order after every run (so seed-major priority
   holds across processes) and ends when nothing is left it could train."""
   order = training_order(runs, by_key)
@@ -611,6 +617,8 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
         if code != 0:
           return code
         trained.add(run.key)
+      if then_analyze:   # a failed analysis is reported and left for `analyze`
+        analyze(root=root, keys={run.key})
       took = True
       break
     if took:
@@ -632,6 +640,8 @@ def main(argv=None):
                            "processes on one machine share the queue)")
   parser.add_argument("--smoke", action="store_true", help="the smoke sizes, under --root")
   parser.add_argument("--root", default=None, help="default runs/repro (smoke: runs/repro_smoke)")
+  parser.add_argument("--analyze", action="store_true",
+                      help="run: after each run, the analyses `analyze` would give it")
   parser.add_argument("--force", action="store_true", help="analyze: redo written analyses")
   parser.add_argument("--dry_run", action="store_true", help="analyze: print, do not run")
   parser.add_argument("--out", default=None, help="export-corpus: the folder")
@@ -658,13 +668,18 @@ def main(argv=None):
   if ns.claim and ns.shard:
     raise SystemExit("error: --claim and --shard split the queue two ways; use one")
   return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard),
-                   claim=ns.claim)
+                   claim=ns.claim, then_analyze=ns.analyze)
 
 
-def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None) -> int:
-  """Runs `lngram-exp analyze` for every job of `analysis_jobs`, one after another; the
-  output of each goes to `<run>/analysis/analyze.log`. Returns the first failing exit code."""
+def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None,
+            keys: set[str] | None = None) -> int:
+  """Runs `lngram-exp analyze` for every job of `analysis_jobs` (only those of the runs
+  `keys` when given), one after another; the output of each goes to
+  `<run>/analysis/analyze.log`. Returns the first failing exit code."""
   jobs, skipped = analysis_jobs(root, force)
+  if keys is not None:
+    jobs = [job for job in jobs if job[0].key in keys]
+    skipped = []
   for key, why in skipped:
     print(f"skip {key}: {why}", flush=True)
   status_ = 0

@@ -106,3 +106,24 @@ def test_the_claiming_queue_stops_at_a_failure_and_frees_the_run(tmp_path, monke
   assert claims.holder(reproduce.run_dir(pkm, tmp_path)) is None
   with pytest.raises(SystemExit, match="--claim and --shard"):
     reproduce.main(["run", "--claim", "--shard=0/2", f"--root={tmp_path}"])
+
+
+def test_run_analyze_gives_each_trained_run_its_analyses(tmp_path, monkeypatch):
+  by_key = {r.key: r for r in reproduce.plan()}
+  runs = [by_key["bytes/baseline_s0"], by_key["bytes/lngram_r16_s0"]]
+  calls = []
+
+  def call(cmd, **kw):   # a training "run" writes its final evaluation row
+    calls.append(cmd[3:5])
+    workdir = next((a.split("=", 1)[1] for a in cmd if a.startswith("--workdir=")), None)
+    if cmd[3] == "train":
+      (reproduce.Path(workdir) / "metrics.jsonl").write_text(json.dumps(
+          {"step": reproduce.STEPS, "eval/bits_per_byte": 2.0}) + "\n")
+    return 0
+
+  monkeypatch.setattr(reproduce.subprocess, "call", call)
+  assert reproduce.run_queue(runs, tmp_path, claim=True, then_analyze=True) == 0
+  r16 = f"--workdir={tmp_path}/bytes/lngram_r16_s0"
+  assert calls == [["train", f"--config=experiments/configs/{runs[0].config}"],
+                   ["train", f"--config=experiments/configs/{runs[1].config}"],
+                   ["analyze", r16]]
