@@ -338,8 +338,8 @@ def test_the_trainer_knows_no_task():
 
 # The bench and report tools: runnable from the command line, imported by nothing else.
 TOOLS = ("experiments.bench", "experiments.reproduce", "experiments.report",
-         "experiments.report_analyses", "experiments.report_ids", "experiments.results",
-         "experiments.tables")
+         "experiments.report_analyses", "experiments.report_ids", "experiments.report_vlm",
+         "experiments.results", "experiments.tables")
 
 
 def _is_tool(path: Path) -> bool:
