@@ -1,8 +1,11 @@
-"""Tables and plots of the Lngram reproductions, generated from their run directories.
+"""Tables and plots of the Lngram reproductions, generated from their run records.
 
-    python -m experiments.report [--root=runs/repro] [--out=experiments/results/lngram]
+    python -m experiments.report [--root=experiments/results/records] [--out=experiments/results/lngram]
 
-Reads every run of `experiments.reproduce.plan()` that has written metrics (stale
+By default reads the records the queue keeps in the repository (experiments/records.py:
+the few files of each finished run that its numbers come from, copied out of
+`runs/repro/...`), so the report regenerates on any checkout; `--root=runs/repro` (or
+a smoke queue's root) reads run directories themselves. Reads every run of `experiments.reproduce.plan()` that has written metrics (stale
 directories of an older design are never read) and prints the Markdown of RESULTS.md's
 Lngram section: the runs still pending; the summary table of the pre-declared claim
 family, each claim a paired contrast over seeds (experiments/stats.py: the paired
@@ -314,7 +317,8 @@ def report(root: Path, out: Path) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--root", default=str(reproduce.ROOT))
+  parser.add_argument("--root", default=str(reproduce.RECORDS),
+                      help="the records (default) or a queue's run directories")
   parser.add_argument("--out", default="experiments/results/lngram")
   ns = parser.parse_args(argv)
   print(report(Path(ns.root), Path(ns.out)))

@@ -4,6 +4,7 @@
     python -m experiments.reproduce run  [--only=bytes] [--max_runs=N] [--claim | --shard=I/K]
                                          [--analyze] [--smoke]
     python -m experiments.reproduce analyze [--force] [--dry_run]
+    python -m experiments.reproduce record [--only=...] [--root=DIR]
 
 `run` first prepares what a setting needs (the token data: a copy of the corpus, a
 4,096-id BPE trained on its training split, `lngram-exp prepare-data`), then trains
@@ -17,6 +18,17 @@ Every run is an ordinary `lngram-exp train` of `experiments/configs/repro_lm.py:
 <arm>`; the seed sets the parameters and the batch order, and since memory branches draw
 their init after the backbone, the runs of one seed share the backbone's init and data:
 arms are compared paired by seed (experiments/stats.py, `python -m experiments.report`).
+
+Every run that finishes (and every analysis written) is RECORDED: the few files its
+numbers come from (stamp, metrics, per-document evaluation, analyses, provenance;
+experiments/records.py) are copied to `experiments/results/records/<setting>/<arm>_s<seed>`,
+which is committed, while the run directory (checkpoints, TensorBoard) is not. The
+report reads the records, and the queue counts a recorded run as done (`list` marks it
+`kept`), so results outlive the machine that trained them; a recorded run trains again
+only where its checkpoint is needed here (a run starting from it is not done, or with
+`--analyze` its record lacks analyses). `record` writes the records of finished runs
+that have none (a queue of an older version). A queue under another `--root` keeps its
+records in `<root>/records`.
 
 A run directory holds `repro.json` (this design's version, written before training):
 a directory without it, or of another version, is STALE (runs of the older unpaired
@@ -80,10 +92,11 @@ import sys
 import time
 from pathlib import Path
 
-from experiments import claims
+from experiments import claims, records
 from experiments.trainer.writers import read_metrics
 
 ROOT = Path("runs/repro")
+RECORDS = Path("experiments/results/records")   # the finished runs' records, kept in git
 SMOKE_ROOT = Path("runs/repro_smoke")
 CONFIGS = "experiments/configs"
 CONFIG = "repro_lm.py"
@@ -261,6 +274,25 @@ def run_dir(run: Run, root: Path | None = None) -> Path:
   return Path(ROOT if root is None else root) / run.workdir.relative_to(ROOT)
 
 
+def records_root(root: Path | None = None) -> Path:
+  """Where the queue keeps the records of the runs under `root`: RECORDS for ROOT (the
+  repository's own), else `<root>/records` (a smoke or scratch queue's)."""
+  root = Path(ROOT if root is None else root)
+  return Path(RECORDS) if root.resolve() == Path(ROOT).resolve() else root / "records"
+
+
+def recorded(run: Run, root: Path | None = None) -> bool:
+  """The run's record (experiments/records.py) says it finished, under this design."""
+  return finished(run, records_root(root))
+
+
+def record(run: Run, root: Path | None = None) -> list[str]:
+  """Writes (or refreshes) the record of a run finished under `root`; the names written."""
+  if not finished(run, root):
+    return []
+  return records.write_record(run_dir(run, root), run_dir(run, records_root(root)))
+
+
 SMOKE_STEPS = 4   # base.smoke's train.steps, which every smoke run (and continuation) trains
 
 
@@ -393,44 +425,58 @@ def analysis_written(run: Run, name: str, root: Path | None = None) -> bool:
   return True
 
 
+def wanted_analyses(run: Run) -> tuple[list[str], list[str]]:
+  """(analyses, why) the design gives `run`: the record analyses on every seed of the ID
+  arms, the insertion pair's, the VLM bases' attention; ([], []) for the others."""
+  names, reasons = [], []
+  if run.experiment == ID_SETTING and run.name in ID_ARMS:
+    names += RECORD_ANALYSES
+    reasons.append(f"every seed of {run.name}")
+  for key, role in zip(INSERTION_PAIR, ("inserted", "Lngram from step 0"), strict=True):
+    if run.key == key:
+      names += [n for n in INSERTION_ANALYSES if n not in names]
+      reasons.append(f"insertion pair, {role}")
+  if run.experiment == VLM and run.name == "base":
+    names += VLM_ANALYSES
+    reasons.append("PVM's premise: the base's visual attention vs t")
+  order = ANALYSES + VLM_ANALYSES
+  return sorted(names, key=order.index), reasons
+
+
+def analysed(run: Run, name: str, root: Path | None = None) -> bool:
+  """The analysis is written from the run's final step, here or in its record."""
+  def written(where):
+    if run.experiment == VLM:
+      return vlm_analysis_written(run, where)
+    return analysis_written(run, name, where)
+  return written(root) or written(records_root(root))
+
+
 def analysis_jobs(root: Path | None = None, force: bool = False):
-  """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)]."""
-  runs = plan()
-  by_key = {r.key: r for r in runs}
-  wanted: dict[str, tuple[list[str], list[str]]] = {}   # key -> (analyses, reasons)
-  skipped: list[tuple[str, str]] = []
-  for run in runs:
-    if run.experiment != ID_SETTING or run.name not in ID_ARMS:
+  """What `analyze` does: [(run, analyses to run, why)] and [(key, reason skipped)]. An
+  analysis needs the run's checkpoint, so a run recorded but not finished under `root`
+  (trained on another machine) is skipped; one whose record holds its analyses is done."""
+  jobs, skipped = [], []
+  for run in plan():
+    names, reasons = wanted_analyses(run)
+    if not names:
       continue
     if not finished(run, root):
-      skipped.append((run.key, "not finished"))
+      if recorded(run, root) and all(analysed(run, n, root) for n in names):
+        skipped.append((run.key, "recorded with its analyses"))
+      elif recorded(run, root):
+        skipped.append((run.key, "recorded without its analyses and not finished here "
+                                 "(`run --analyze` trains it again to analyse it)"))
+      else:
+        skipped.append((run.key, "not finished"))
       continue
-    wanted[run.key] = (list(RECORD_ANALYSES), [f"every seed of {run.name}"])
-  for key, role in zip(INSERTION_PAIR, ("inserted", "Lngram from step 0"), strict=True):
-    if not finished(by_key[key], root):
-      skipped.append((key, f"{role}: not finished"))
-      continue
-    names, reasons = wanted.setdefault(key, ([], []))
-    names += [n for n in INSERTION_ANALYSES if n not in names]
-    reasons.append(f"insertion pair, {role}")
-  jobs = []
-  for key, (names, reasons) in wanted.items():
-    run = by_key[key]
-    todo = [n for n in ANALYSES if n in names and (force or not analysis_written(run, n, root))]
-    done = [n for n in ANALYSES if n in names and n not in todo]
+    todo = [n for n in names if force or not analysed(run, n, root)]
+    done = [n for n in names if n not in todo]
     if done:
-      skipped.append((key, f"already written: {','.join(done)} (--force redoes them)"))
+      them = "them" if len(done) > 1 else "it"
+      skipped.append((run.key, f"already written: {','.join(done)} (--force redoes {them})"))
     if todo:
       jobs.append((run, tuple(todo), "; ".join(reasons)))
-  for run in runs:
-    if run.experiment != VLM or run.name != "base":
-      continue
-    if not finished(run, root):
-      skipped.append((run.key, "not finished"))
-    elif force or not vlm_analysis_written(run, root):
-      jobs.append((run, VLM_ANALYSES, "PVM's premise: the base's visual attention vs t"))
-    else:
-      skipped.append((run.key, "already written: attention (--force redoes it)"))
   return jobs, skipped
 
 
@@ -487,10 +533,13 @@ def _shard(spec: str | None) -> tuple[int, int]:
 
 
 def status(run: Run, root: Path) -> str:
+  """done (finished here), kept (recorded, trained elsewhere), stale, part or todo."""
   if stale(run, root):
     return "stale"
   if finished(run, root):
     return "done"
+  if recorded(run, root):
+    return "kept"
   return "part" if (run_dir(run, root) / "metrics.jsonl").exists() else "todo"
 
 
@@ -536,6 +585,30 @@ def _train(run: Run, root: Path, smoke: bool) -> int:
   return code
 
 
+def queue_done(order: list[Run], by_key: dict[str, Run], root: Path,
+               then_analyze: bool = False) -> set[str]:
+  """The keys the queue counts as done: finished under `root`, or recorded, except a
+  recorded run whose checkpoint is needed here: another run of `order` not done starts
+  from it, or (with `then_analyze`) its record lacks analyses it is given. Such a run
+  trains again (a record mirrors its run's latest output)."""
+  here = {key for key, run in by_key.items() if finished(run, root)}
+  kept = {key for key, run in by_key.items() if key not in here and recorded(run, root)}
+  need = {run.after for run in order
+          if run.after in kept and run.key not in here | kept}
+  if then_analyze:
+    need |= {run.key for run in order if run.key in kept
+             and not all(analysed(run, n, root) for n in wanted_analyses(run)[0])}
+  return here | (kept - need)
+
+
+def _trained(run: Run, root: Path) -> None:
+  """After a run trained: its record, written or refreshed."""
+  written = record(run, root)
+  if written:
+    print(f"record {run.key}: {', '.join(written)} -> {run_dir(run, records_root(root))}",
+          flush=True)
+
+
 def _stale_line(run: Run, root: Path) -> str:
   return (f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
           "an older design's run); move it away to train this run")
@@ -555,10 +628,11 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
       return code
   if claim:
     return _claiming_queue(runs, root, by_key, smoke, max_runs, poll_s, then_analyze)
-  done = {r.key for r in by_key.values() if finished(r, root)}
+  order = training_order(runs, by_key)
+  done = queue_done(order, by_key, root, then_analyze)
   started = 0
   i, k = shard
-  for n, run in enumerate(training_order(runs, by_key)):
+  for n, run in enumerate(order):
     if n % k != i or run.key in done:
       continue
     if stale(run, root):
@@ -573,6 +647,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     code = _train(run, root, smoke)
     if code != 0:
       return code
+    _trained(run, root)
     done.add(run.key)
     if then_analyze:
       analyze(root=root, keys={run.key})
@@ -593,7 +668,7 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
       print(line, flush=True)
 
   while True:
-    done = trained | {r.key for r in by_key.values() if finished(r, root)}
+    done = trained | queue_done(order, by_key, root, then_analyze)
     waiting, took = [], False
     for run in order:
       if run.key in done:
@@ -616,6 +691,7 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
         code = _train(run, root, smoke)
         if code != 0:
           return code
+        _trained(run, root)
         trained.add(run.key)
       if then_analyze:   # a failed analysis is reported and left for `analyze`
         analyze(root=root, keys={run.key})
@@ -631,7 +707,8 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("action", choices=("list", "run", "analyze", "export-corpus"))
+  parser.add_argument("action", choices=("list", "run", "analyze", "record",
+                                             "export-corpus"))
   parser.add_argument("--only", default=None, help="comma-separated settings")
   parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
   parser.add_argument("--shard", default=None, help="run: I/K, every K-th run from the I-th")
@@ -655,6 +732,8 @@ def main(argv=None):
     return analyze(force=ns.force, dry_run=ns.dry_run)
   root = Path(ns.root) if ns.root else (SMOKE_ROOT if ns.smoke else ROOT)
   runs = select(plan(), ns.only)
+  if ns.action == "record":
+    return record_all(runs, root)
   if ns.action == "list":
     if any(r.experiment == "tokens" for r in runs):
       for prep in preps(root, ns.smoke):
@@ -669,6 +748,16 @@ def main(argv=None):
     raise SystemExit("error: --claim and --shard split the queue two ways; use one")
   return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard),
                    claim=ns.claim, then_analyze=ns.analyze)
+
+
+def record_all(runs: list[Run], root: Path) -> int:
+  """Writes or refreshes the record of every run of `runs` finished under `root`."""
+  for run in runs:
+    if finished(run, root):
+      _trained(run, root)
+  kept = sum(recorded(run, root) for run in runs)
+  print(f"{kept} of {len(runs)} runs recorded under {records_root(root)}", flush=True)
+  return 0
 
 
 def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None,
@@ -696,6 +785,7 @@ def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None
     if code != 0:
       print(f"analyze {run.key} exited {code}; see {out / 'analyze.log'}", flush=True)
       status_ = status_ or code
+    _trained(run, root)   # the record gets what was written (a failed analysis: nothing new)
   return status_
 
 

@@ -1,5 +1,8 @@
 """What the Lngram reproduction runs have written, read back for the report.
 
+`root` is a queue's run directories or their records (experiments/records.py: the same
+layout and files, checkpoints left out), which read alike.
+
 `collect(root)` gathers, for every run of `experiments.reproduce.plan()` that has
 written metrics (and is not stale: a directory of an older queue design is never
 mixed in), its final validation bits per unit (from its per-document evaluation,
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from experiments import reproduce
 from experiments.data.validation import read_per_doc
+from experiments.records import run_provenance
 from experiments.trainer.writers import read_metrics
 
 
@@ -35,18 +39,6 @@ def tokens_per_s(rows: list[dict]) -> float | None:
   # The first logged interval includes compilation: skip it.
   values = [float(r["train/tokens_per_s"]) for r in rows if "train/tokens_per_s" in r][1:]
   return statistics.median(values) if values else None
-
-
-def run_provenance(workdir: Path) -> dict:
-  """The corpus content hash and the wall time of a run: from its corpus manifest
-  (written at the start) to its last metrics row (includes pauses of resumed runs)."""
-  manifest = Path(workdir) / "corpus_manifest.json"
-  metrics = Path(workdir) / "metrics.jsonl"
-  if not manifest.exists():
-    return {"corpus": None, "wall_s": None}
-  corpus = json.loads(manifest.read_text()).get("content_sha256")
-  wall = metrics.stat().st_mtime - manifest.stat().st_mtime if metrics.exists() else None
-  return {"corpus": corpus, "wall_s": wall}
 
 
 def collect(root: Path) -> dict:

@@ -113,7 +113,7 @@ def test_analyze_runs_lngram_exp_analyze_per_job(tmp_path, monkeypatch, capsys):
   assert reproduce.analyze(dry_run=True, root=tmp_path) == 0 and not calls
   out = capsys.readouterr().out
   assert f"lngram-exp analyze --workdir={run} --which=utilisation,id_knn" in out
-  assert f"skip {INSERTED}: inserted: not finished" in out
+  assert f"skip {INSERTED}: not finished" in out
   assert reproduce.analyze(root=tmp_path) == 0
   [call] = calls
   assert call[1:4] == ["-m", "experiments", "analyze"] and call[4] == f"--workdir={run}"

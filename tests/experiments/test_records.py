@@ -1,0 +1,148 @@
+"""Run records (experiments/records.py): what the report reads outlives the run directory;
+the queue counts a recorded run as done unless another run needs its checkpoint."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments import records, report, reproduce, results
+from experiments.data.validation import write_per_doc
+
+
+def _finished(root, run, final, *, per_doc=True, analyses=()):
+  """A finished LM run directory as the trainer and `analyze` leave it."""
+  workdir = reproduce.run_dir(run, root)
+  (workdir / "checkpoints" / "600").mkdir(parents=True)
+  (workdir / "checkpoints" / "600" / "state").write_bytes(b"x" * 1000)
+  (workdir / reproduce.STAMP).write_text(json.dumps(reproduce.stamp(run)))
+  (workdir / "corpus_manifest.json").write_text(json.dumps(
+      {"content_sha256": "ab" * 32, "files": ["x"] * 100}))
+  rows = [{"step": 10, "train/tokens_per_s": 5.0}, {"step": 20, "train/tokens_per_s": 7.0},
+          {"step": 200, "eval/bits_per_byte": final + 0.3},
+          {"step": reproduce.steps(run), "eval/bits_per_byte": final}]
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  os.utime(workdir / "corpus_manifest.json", (1000.0, 1000.0))
+  os.utime(workdir / "metrics.jsonl", (1600.0, 1600.0))
+  if per_doc:
+    tokens = np.array([100.0, 300.0])
+    write_per_doc(workdir, reproduce.steps(run), "byte", ["a.py", "b.py"],
+                  final * tokens * math.log(2), tokens)
+  for name in analyses:
+    (workdir / "analysis").mkdir(exist_ok=True)
+    (workdir / "analysis" / f"{name}.json").write_text(json.dumps(
+        {"source": {"step": reproduce.steps(run)}, "protocol": {"version": 99}}))
+  return workdir
+
+
+def _assert_same(a: dict, b: dict):
+  assert a.keys() == b.keys()
+  for key in a:
+    if key == "per_doc":
+      assert a[key].keys() == b[key].keys()
+      for k in a[key]:
+        np.testing.assert_array_equal(a[key][k], b[key][k])
+    else:
+      assert a[key] == b[key], key
+
+
+@pytest.fixture
+def by_key():
+  return {r.key: r for r in reproduce.plan()}
+
+
+def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key):
+  run = by_key["bytes/lngram_r16_s0"]
+  workdir = _finished(tmp_path, run, 2.0, analyses=("id_knn",))
+  written = reproduce.record(run, tmp_path)
+  kept = reproduce.run_dir(run, reproduce.records_root(tmp_path))
+  assert kept == tmp_path / "records" / "bytes" / "lngram_r16_s0"
+  assert set(written) == {"repro.json", "metrics.jsonl", "eval_per_doc.json",
+                          "analysis/id_knn.json", records.PROVENANCE}
+  assert not (kept / "checkpoints").exists() and not (kept / "corpus_manifest.json").exists()
+  assert records.run_provenance(kept) == {"corpus": "ab" * 32, "wall_s": 600.0}
+  assert reproduce.recorded(run, tmp_path) and reproduce.finished(run, kept.parent.parent)
+  here = results.collect(tmp_path)["bytes"]["lngram_r16"]["seeds"][0]
+  there = results.collect(kept.parent.parent)["bytes"]["lngram_r16"]["seeds"][0]
+  _assert_same(here, there)
+  assert there["final"] == pytest.approx(2.0) and there["wall_s"] == 600.0
+  assert reproduce.record(run, tmp_path) == []          # nothing new: nothing rewritten
+  # The run directory gone (another machine), the record still answers.
+  import shutil
+  shutil.rmtree(workdir)
+  assert reproduce.status(run, tmp_path) == "kept"
+  _assert_same(results.collect(kept.parent.parent)["bytes"]["lngram_r16"]["seeds"][0], there)
+
+
+def test_records_refuse_nothing_to_keep_and_their_own_directory(tmp_path, by_key):
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="none of the files"):
+    records.write_record(tmp_path / "empty", tmp_path / "out")
+  workdir = _finished(tmp_path, by_key["bytes/pkm_s0"], 2.0)
+  with pytest.raises(ValueError, match="into itself"):
+    records.write_record(workdir, workdir)
+  assert reproduce.record(by_key["bytes/pkm_s1"], tmp_path) == []   # not finished
+
+
+def test_the_repository_root_keeps_its_records_in_the_repository():
+  assert reproduce.records_root(reproduce.ROOT) == reproduce.RECORDS
+  assert reproduce.records_root(None) == reproduce.RECORDS
+  assert reproduce.RECORDS.parts[:2] == ("experiments", "results")
+
+
+def test_a_recorded_run_is_done_unless_a_run_starts_from_its_checkpoint(tmp_path, by_key):
+  base, inserted = by_key["bytes/baseline_s0"], by_key["bytes/inserted_low_s0"]
+  pkm = by_key["bytes/pkm_s0"]
+  for run in (base, pkm):
+    records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
+                         reproduce.run_dir(run, reproduce.records_root(tmp_path)))
+  order = reproduce.training_order([base, inserted, pkm], by_key)
+  done = reproduce.queue_done(order, by_key, tmp_path)
+  assert pkm.key in done and base.key not in done       # the insertion needs its checkpoint
+  assert reproduce.queue_done([base, pkm], by_key, tmp_path) >= {base.key, pkm.key}
+  # Once the inserted run is recorded too, nothing needs the baseline's checkpoint.
+  records.write_record(_finished(tmp_path / "elsewhere", inserted, 1.9),
+                       reproduce.run_dir(inserted, reproduce.records_root(tmp_path)))
+  assert reproduce.queue_done(order, by_key, tmp_path) >= {base.key, inserted.key, pkm.key}
+
+
+def test_with_analyze_a_record_without_its_analyses_trains_again(tmp_path, by_key):
+  r16 = by_key["bytes/lngram_r16_s1"]
+  kept = reproduce.run_dir(r16, reproduce.records_root(tmp_path))
+  records.write_record(_finished(tmp_path / "elsewhere", r16, 2.0), kept)
+  assert r16.key in reproduce.queue_done([r16], by_key, tmp_path)
+  assert r16.key not in reproduce.queue_done([r16], by_key, tmp_path, then_analyze=True)
+  jobs, skipped = reproduce.analysis_jobs(tmp_path)
+  assert not jobs and (r16.key, "recorded without its analyses and not finished here "
+                                "(`run --analyze` trains it again to analyse it)") in skipped
+  records.write_record(_finished(tmp_path / "again", r16, 2.0,
+                                 analyses=reproduce.RECORD_ANALYSES), kept)
+  assert r16.key in reproduce.queue_done([r16], by_key, tmp_path, then_analyze=True)
+  _, skipped = reproduce.analysis_jobs(tmp_path)
+  assert (r16.key, "recorded with its analyses") in skipped
+
+
+def test_the_queue_records_each_run_it_trains_and_skips_recorded_ones(tmp_path, by_key,
+                                                                      monkeypatch, capsys):
+  pkm0, pkm1 = by_key["bytes/pkm_s0"], by_key["bytes/pkm_s1"]
+  records.write_record(_finished(tmp_path / "elsewhere", pkm1, 2.2),
+                       reproduce.run_dir(pkm1, reproduce.records_root(tmp_path)))
+  calls = []
+
+  def train(command, **kw):   # the trainer: leaves a finished run directory
+    calls.append(command)
+    workdir = reproduce.run_dir(pkm0, tmp_path)
+    (workdir / "metrics.jsonl").write_text(json.dumps(
+        {"step": reproduce.steps(pkm0), "eval/bits_per_byte": 2.1}) + "\n")
+    return 0
+
+  monkeypatch.setattr(reproduce.subprocess, "call", train)
+  assert reproduce.run_queue([pkm0, pkm1], tmp_path, claim=True) == 0
+  assert len(calls) == 1 and f"--workdir={tmp_path}/bytes/pkm_s0" in calls[0]
+  assert "record bytes/pkm_s0: repro.json, metrics.jsonl" in capsys.readouterr().out
+  assert reproduce.recorded(pkm0, tmp_path)
+  text = report.report(reproduce.records_root(tmp_path), tmp_path / "plots")
+  [row] = [line for line in text.splitlines() if line.startswith("| pkm | `repro_lm.py")]
+  assert "| 0, 1 |" in row
