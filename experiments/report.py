@@ -2,7 +2,7 @@
 
     python -m experiments.report [--root=experiments/results/records] [--out=experiments/results/lngram]
 
-By default reads the records the queue keeps in the repository (experiments/records.py:
+By default reads the records the queue keeps in the repository (experiments/run_records.py:
 the few files of each finished run that its numbers come from, copied out of
 `runs/repro/...`), so the report regenerates on any checkout; `--root=runs/repro` (or
 a smoke queue's root) reads run directories themselves. Reads every run of `experiments.reproduce.plan()` that has written metrics (stale

@@ -21,7 +21,7 @@ arms are compared paired by seed (experiments/stats.py, `python -m experiments.r
 
 Every run that finishes (and every analysis written) is RECORDED: the few files its
 numbers come from (stamp, metrics, per-document evaluation, analyses, provenance;
-experiments/records.py) are copied to `experiments/results/records/<setting>/<arm>_s<seed>`,
+experiments/run_records.py) are copied to `experiments/results/records/<setting>/<arm>_s<seed>`,
 which is committed, while the run directory (checkpoints, TensorBoard) is not. The
 report reads the records, and the queue counts a recorded run as done (`list` marks it
 `kept`), so results outlive the machine that trained them; a recorded run trains again
@@ -92,7 +92,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments import claims, records
+from experiments import claims, run_records
 from experiments.trainer.writers import read_metrics
 
 ROOT = Path("runs/repro")
@@ -282,7 +282,7 @@ def records_root(root: Path | None = None) -> Path:
 
 
 def recorded(run: Run, root: Path | None = None) -> bool:
-  """The run's record (experiments/records.py) says it finished, under this design."""
+  """The run's record (experiments/run_records.py) says it finished, under this design."""
   return finished(run, records_root(root))
 
 
@@ -290,7 +290,7 @@ def record(run: Run, root: Path | None = None) -> list[str]:
   """Writes (or refreshes) the record of a run finished under `root`; the names written."""
   if not finished(run, root):
     return []
-  return records.write_record(run_dir(run, root), run_dir(run, records_root(root)))
+  return run_records.write_record(run_dir(run, root), run_dir(run, records_root(root)))
 
 
 SMOKE_STEPS = 4   # base.smoke's train.steps, which every smoke run (and continuation) trains

@@ -1,6 +1,6 @@
 """What the Lngram reproduction runs have written, read back for the report.
 
-`root` is a queue's run directories or their records (experiments/records.py: the same
+`root` is a queue's run directories or their records (experiments/run_records.py: the same
 layout and files, checkpoints left out), which read alike.
 
 `collect(root)` gathers, for every run of `experiments.reproduce.plan()` that has
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from experiments import reproduce
 from experiments.data.validation import read_per_doc
-from experiments.records import run_provenance
+from experiments.run_records import run_provenance
 from experiments.trainer.writers import read_metrics
 
 

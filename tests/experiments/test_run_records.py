@@ -1,4 +1,4 @@
-"""Run records (experiments/records.py): what the report reads outlives the run directory;
+"""Run records (experiments/run_records.py): what the report reads outlives the run directory;
 the queue counts a recorded run as done unless another run needs its checkpoint."""
 
 import json
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import records, report, reproduce, results
+from experiments import report, reproduce, results, run_records
 from experiments.data.validation import write_per_doc
 
 
@@ -60,9 +60,9 @@ def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key):
   kept = reproduce.run_dir(run, reproduce.records_root(tmp_path))
   assert kept == tmp_path / "records" / "bytes" / "lngram_r16_s0"
   assert set(written) == {"repro.json", "metrics.jsonl", "eval_per_doc.json",
-                          "analysis/id_knn.json", records.PROVENANCE}
+                          "analysis/id_knn.json", run_records.PROVENANCE}
   assert not (kept / "checkpoints").exists() and not (kept / "corpus_manifest.json").exists()
-  assert records.run_provenance(kept) == {"corpus": "ab" * 32, "wall_s": 600.0}
+  assert run_records.run_provenance(kept) == {"corpus": "ab" * 32, "wall_s": 600.0}
   assert reproduce.recorded(run, tmp_path) and reproduce.finished(run, kept.parent.parent)
   here = results.collect(tmp_path)["bytes"]["lngram_r16"]["seeds"][0]
   there = results.collect(kept.parent.parent)["bytes"]["lngram_r16"]["seeds"][0]
@@ -79,10 +79,10 @@ def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key):
 def test_records_refuse_nothing_to_keep_and_their_own_directory(tmp_path, by_key):
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="none of the files"):
-    records.write_record(tmp_path / "empty", tmp_path / "out")
+    run_records.write_record(tmp_path / "empty", tmp_path / "out")
   workdir = _finished(tmp_path, by_key["bytes/pkm_s0"], 2.0)
   with pytest.raises(ValueError, match="into itself"):
-    records.write_record(workdir, workdir)
+    run_records.write_record(workdir, workdir)
   assert reproduce.record(by_key["bytes/pkm_s1"], tmp_path) == []   # not finished
 
 
@@ -96,14 +96,14 @@ def test_a_recorded_run_is_done_unless_a_run_starts_from_its_checkpoint(tmp_path
   base, inserted = by_key["bytes/baseline_s0"], by_key["bytes/inserted_low_s0"]
   pkm = by_key["bytes/pkm_s0"]
   for run in (base, pkm):
-    records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
+    run_records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
                          reproduce.run_dir(run, reproduce.records_root(tmp_path)))
   order = reproduce.training_order([base, inserted, pkm], by_key)
   done = reproduce.queue_done(order, by_key, tmp_path)
   assert pkm.key in done and base.key not in done       # the insertion needs its checkpoint
   assert reproduce.queue_done([base, pkm], by_key, tmp_path) >= {base.key, pkm.key}
   # Once the inserted run is recorded too, nothing needs the baseline's checkpoint.
-  records.write_record(_finished(tmp_path / "elsewhere", inserted, 1.9),
+  run_records.write_record(_finished(tmp_path / "elsewhere", inserted, 1.9),
                        reproduce.run_dir(inserted, reproduce.records_root(tmp_path)))
   assert reproduce.queue_done(order, by_key, tmp_path) >= {base.key, inserted.key, pkm.key}
 
@@ -111,13 +111,13 @@ def test_a_recorded_run_is_done_unless_a_run_starts_from_its_checkpoint(tmp_path
 def test_with_analyze_a_record_without_its_analyses_trains_again(tmp_path, by_key):
   r16 = by_key["bytes/lngram_r16_s1"]
   kept = reproduce.run_dir(r16, reproduce.records_root(tmp_path))
-  records.write_record(_finished(tmp_path / "elsewhere", r16, 2.0), kept)
+  run_records.write_record(_finished(tmp_path / "elsewhere", r16, 2.0), kept)
   assert r16.key in reproduce.queue_done([r16], by_key, tmp_path)
   assert r16.key not in reproduce.queue_done([r16], by_key, tmp_path, then_analyze=True)
   jobs, skipped = reproduce.analysis_jobs(tmp_path)
   assert not jobs and (r16.key, "recorded without its analyses and not finished here "
                                 "(`run --analyze` trains it again to analyse it)") in skipped
-  records.write_record(_finished(tmp_path / "again", r16, 2.0,
+  run_records.write_record(_finished(tmp_path / "again", r16, 2.0,
                                  analyses=reproduce.RECORD_ANALYSES), kept)
   assert r16.key in reproduce.queue_done([r16], by_key, tmp_path, then_analyze=True)
   _, skipped = reproduce.analysis_jobs(tmp_path)
@@ -127,7 +127,7 @@ def test_with_analyze_a_record_without_its_analyses_trains_again(tmp_path, by_ke
 def test_the_queue_records_each_run_it_trains_and_skips_recorded_ones(tmp_path, by_key,
                                                                       monkeypatch, capsys):
   pkm0, pkm1 = by_key["bytes/pkm_s0"], by_key["bytes/pkm_s1"]
-  records.write_record(_finished(tmp_path / "elsewhere", pkm1, 2.2),
+  run_records.write_record(_finished(tmp_path / "elsewhere", pkm1, 2.2),
                        reproduce.run_dir(pkm1, reproduce.records_root(tmp_path)))
   calls = []
 
