@@ -2,7 +2,7 @@
 
     python -m experiments.reproduce list [--only=bytes,tokens,vlm_long] [--smoke] [--root=DIR]
     python -m experiments.reproduce run  [--only=bytes] [--max_runs=N] [--claim | --shard=I/K]
-                                         [--analyze] [--smoke]
+                                         [--analyze] [--until=+MINUTES|ISO] [--smoke]
     python -m experiments.reproduce analyze [--force] [--dry_run]
     python -m experiments.reproduce record [--only=...] [--root=DIR]
 
@@ -27,7 +27,9 @@ report reads the records, and the queue counts a recorded run as done (`list` ma
 `kept`), so results outlive the machine that trained them; a recorded run trains again
 only where its checkpoint is needed here (a run starting from it is not done, or with
 `--analyze` its record lacks analyses). `record` writes the records of finished runs
-that have none (a queue of an older version). A queue under another `--root` keeps its
+that have none (a queue of an older version). `--until=+MINUTES` (or an ISO date-time)
+starts no run that its arm's recorded wall time says would end later, so a queue on a
+machine lent for a fixed time does not leave a half-trained run behind. A queue under another `--root` keeps its
 records in `<root>/records`.
 
 A run directory holds `repro.json` (this design's version, written before training):
@@ -83,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import fcntl
 import json
 import os
@@ -609,6 +612,52 @@ def _trained(run: Run, root: Path) -> None:
           flush=True)
 
 
+def expected_wall_s(run: Run, root: Path) -> float | None:
+  """What training `run` from where its directory stands should take: the median wall time
+  of the recorded runs of its arm and setting (else of its setting) times the share of its
+  steps still to train; None while nothing of the setting is recorded."""
+  def walls(same_arm: bool) -> list[float]:
+    found = []
+    for other in plan():
+      if other.experiment == run.experiment and (not same_arm or other.name == run.name):
+        wall = run_records.run_provenance(run_dir(other, records_root(root)))["wall_s"]
+        if wall is not None and recorded(other, root):
+          found.append(float(wall))
+    return found
+  known = walls(True) or walls(False)
+  if not known:
+    return None
+  rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
+  left = 1.0 - min(max((int(rows[-1]["step"]) if rows else 0) / max(steps(run), 1), 0.0), 1.0)
+  return sorted(known)[len(known) // 2] * left
+
+
+def parse_until(spec: str | None, now: float | None = None) -> float | None:
+  """--until: "+MINUTES" from now or an ISO date-time (local time unless it names a zone),
+  as seconds since the epoch."""
+  if not spec:
+    return None
+  now = time.time() if now is None else now
+  try:
+    if spec.startswith("+"):
+      return now + 60.0 * float(spec[1:])
+    return datetime.datetime.fromisoformat(spec).timestamp()
+  except ValueError:
+    raise SystemExit(f"error: --until={spec!r} must be +MINUTES or an ISO date-time "
+                     "(2026-12-02T00:05)") from None
+
+
+def past_deadline(run: Run, root: Path, until: float | None) -> str | None:
+  """Why `run` is not started before the deadline `until` (it would end after it), or None."""
+  if until is None:
+    return None
+  expected = expected_wall_s(run, root)
+  if expected is None or time.time() + expected <= until:
+    return None
+  return (f"skip {run.key}: would take ~{expected / 60:.0f} min (its arm's recorded wall "
+          f"time), past --until")
+
+
 def _stale_line(run: Run, root: Path) -> str:
   return (f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
           "an older design's run); move it away to train this run")
@@ -616,18 +665,20 @@ def _stale_line(run: Run, root: Path) -> str:
 
 def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
               max_runs: int | None = None, shard: tuple[int, int] = (0, 1),
-              claim: bool = False, poll_s: float = 60.0, then_analyze: bool = False) -> int:
+              claim: bool = False, poll_s: float = 60.0, then_analyze: bool = False,
+              until: float | None = None) -> int:
   """Trains the unfinished `runs` in `training_order`: with `claim`, each takes the first
   run no live process has claimed (`experiments/claims.py`), waiting while a run it needs
   is trained elsewhere; else every K-th run from the I-th of `shard`. With `then_analyze`,
-  each trained run then gets the analyses `analyze` would give it."""
+  each trained run then gets the analyses `analyze` would give it. With `until` (seconds
+  since the epoch), a run expected to end after it is not started (`past_deadline`)."""
   by_key = {r.key: r for r in plan()}
   if any(r.experiment == "tokens" for r in runs):
     code = _prepare(root, smoke)
     if code != 0:
       return code
   if claim:
-    return _claiming_queue(runs, root, by_key, smoke, max_runs, poll_s, then_analyze)
+    return _claiming_queue(runs, root, by_key, smoke, max_runs, poll_s, then_analyze, until)
   order = training_order(runs, by_key)
   done = queue_done(order, by_key, root, then_analyze)
   started = 0
@@ -643,6 +694,10 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
       continue
     if max_runs is not None and started >= max_runs:
       break
+    late = past_deadline(run, root, until)
+    if late:
+      print(late, flush=True)
+      continue
     started += 1
     code = _train(run, root, smoke)
     if code != 0:
@@ -655,7 +710,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
 
 
 def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float,
-                    then_analyze: bool) -> int:
+                    then_analyze: bool, until: float | None = None) -> int:
   """The claim-based queue: rescans the order after every run (so seed-major priority
   holds across processes) and ends when nothing is left it could train."""
   order = training_order(runs, by_key)
@@ -684,6 +739,10 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
         continue
       if max_runs is not None and started >= max_runs:
         return 0
+      late = past_deadline(run, root, until)
+      if late:
+        say(run.key, late)
+        continue
       with claims.claim(run_dir(run, root)) as mine:
         if not mine or finished(run, root):   # another process has it, or just finished it
           continue
@@ -711,6 +770,9 @@ def main(argv=None):
                                              "export-corpus"))
   parser.add_argument("--only", default=None, help="comma-separated settings")
   parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
+  parser.add_argument("--until", default=None,
+                      help="run: +MINUTES or an ISO date-time; no run is started that its "
+                           "arm's recorded wall time says would end after it")
   parser.add_argument("--shard", default=None, help="run: I/K, every K-th run from the I-th")
   parser.add_argument("--claim", action="store_true",
                       help="run: take the next run no other process has claimed (several "
@@ -747,7 +809,7 @@ def main(argv=None):
   if ns.claim and ns.shard:
     raise SystemExit("error: --claim and --shard split the queue two ways; use one")
   return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard),
-                   claim=ns.claim, then_analyze=ns.analyze)
+                   claim=ns.claim, then_analyze=ns.analyze, until=parse_until(ns.until))
 
 
 def record_all(runs: list[Run], root: Path) -> int:

@@ -146,3 +146,32 @@ def test_the_queue_records_each_run_it_trains_and_skips_recorded_ones(tmp_path, 
   text = report.report(reproduce.records_root(tmp_path), tmp_path / "plots")
   [row] = [line for line in text.splitlines() if line.startswith("| pkm | `repro_lm.py")]
   assert "| 0, 1 |" in row
+
+
+def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_it(
+    tmp_path, by_key, monkeypatch, capsys):
+  pkm0, pkm1, pkm2 = (by_key[f"bytes/pkm_s{s}"] for s in range(3))
+  run_records.write_record(_finished(tmp_path / "elsewhere", pkm1, 2.2),   # wall 600 s
+                           reproduce.run_dir(pkm1, reproduce.records_root(tmp_path)))
+  assert reproduce.expected_wall_s(pkm0, tmp_path) == 600.0
+  assert reproduce.expected_wall_s(by_key["tokens/pkm_s0"], tmp_path) is None   # no record
+  # Half trained here: half the time left.
+  half = reproduce.run_dir(pkm2, tmp_path)
+  half.mkdir(parents=True)
+  (half / reproduce.STAMP).write_text(json.dumps(reproduce.stamp(pkm2)))
+  (half / "metrics.jsonl").write_text(json.dumps({"step": 300}) + "\n")
+  assert reproduce.expected_wall_s(pkm2, tmp_path) == 300.0
+  calls = []
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 1)
+  now = reproduce.time.time()
+  assert reproduce.run_queue([pkm0, pkm2], tmp_path, claim=True, until=now + 450) == 1
+  out = capsys.readouterr().out
+  assert "skip bytes/pkm_s0: would take ~10 min" in out
+  assert len(calls) == 1 and f"--workdir={half}" in calls[0]   # the half-done one fits
+  calls.clear()
+  assert reproduce.run_queue([pkm0], tmp_path, until=now + 100) == 0 and not calls
+  assert reproduce.parse_until("+90", now=1000.0) == 1000.0 + 5400.0
+  assert reproduce.parse_until("2026-12-02T00:05+00:00") == 1796169900.0
+  assert reproduce.parse_until(None) is None
+  with pytest.raises(SystemExit, match="--until"):
+    reproduce.parse_until("tomorrow")
