@@ -23,8 +23,8 @@ Every run that finishes (and every analysis written) is RECORDED: the few files 
 numbers come from (stamp, metrics, per-document evaluation, analyses, provenance;
 experiments/run_records.py) are copied to `experiments/results/records/<setting>/<arm>_s<seed>`,
 which is committed, while the run directory (checkpoints, TensorBoard) is not. The
-report reads the records, and the queue counts a recorded run as done (`list` marks it
-`kept`), so results outlive the machine that trained them; a recorded run trains again
+report reads the records, and the queue counts a recorded run as done (`list` marks
+one without its checkpoint here), so results outlive the machine that trained them; a recorded run trains again
 only where its checkpoint is needed here (a run starting from it is not done, or with
 `--analyze` its record lacks analyses). `record` writes the records of finished runs
 that have none (a queue of an older version). `--until=+MINUTES` (or an ISO date-time)
@@ -536,13 +536,11 @@ def _shard(spec: str | None) -> tuple[int, int]:
 
 
 def status(run: Run, root: Path) -> str:
-  """done (finished here), kept (recorded, trained elsewhere), stale, part or todo."""
+  """done (finished here, or recorded: trained elsewhere), stale, part or todo."""
   if stale(run, root):
     return "stale"
-  if finished(run, root):
+  if finished(run, root) or recorded(run, root):
     return "done"
-  if recorded(run, root):
-    return "kept"
   return "part" if (run_dir(run, root) / "metrics.jsonl").exists() else "todo"
 
 
@@ -804,7 +802,9 @@ def main(argv=None):
       if experiment in TRAINED_LAST:
         print(f"note  {experiment}: {TRAINED_LAST[experiment]}")
     for run in runs:
-      print(f"{status(run, root):6s}" + " ".join(run.command(root, ns.smoke)))
+      only_kept = not finished(run, root) and recorded(run, root)
+      print(f"{status(run, root):6s}" + " ".join(run.command(root, ns.smoke))
+            + ("   # recorded; no checkpoint here" if only_kept else ""))
     return 0
   if ns.claim and ns.shard:
     raise SystemExit("error: --claim and --shard split the queue two ways; use one")

@@ -53,7 +53,7 @@ def by_key():
   return {r.key: r for r in reproduce.plan()}
 
 
-def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key):
+def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key, capsys):
   run = by_key["bytes/lngram_r16_s0"]
   workdir = _finished(tmp_path, run, 2.0, analyses=("id_knn",))
   written = reproduce.record(run, tmp_path)
@@ -72,7 +72,11 @@ def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key):
   # The run directory gone (another machine), the record still answers.
   import shutil
   shutil.rmtree(workdir)
-  assert reproduce.status(run, tmp_path) == "kept"
+  assert reproduce.status(run, tmp_path) == "done"
+  assert reproduce.main(["list", f"--root={tmp_path}", "--only=bytes"]) == 0
+  listed = [line for line in capsys.readouterr().out.splitlines()
+            if "--workdir=" + str(workdir) + " " in line]
+  assert listed[0].startswith("done  ") and listed[0].endswith("# recorded; no checkpoint here")
   _assert_same(results.collect(kept.parent.parent)["bytes"]["lngram_r16"]["seeds"][0], there)
 
 
