@@ -28,7 +28,7 @@ one without its checkpoint here), so results outlive the machine that trained th
 only where its checkpoint is needed here (a run starting from it is not done, or with
 `--analyze` its record lacks analyses). `record` writes the records of finished runs
 that have none (a queue of an older version). `--until=+MINUTES` (or an ISO date-time)
-starts no run that its arm's recorded wall time says would end later, so a queue on a
+starts no run that its arm's recorded training time says would end later, so a queue on a
 machine lent for a fixed time does not leave a half-trained run behind. A queue under another `--root` keeps its
 records in `<root>/records`.
 
@@ -573,10 +573,22 @@ def _prepare(root: Path, smoke: bool) -> int:
   return 0
 
 
+def xla_flags_seen(workdir: Path) -> list[str]:
+  """The XLA_FLAGS every attempt at the run trained under, from its stamp ([] if none
+  recorded). Float rounding follows XLA's thread count, so runs trained (or resumed) under
+  different flags are not bit-comparable; the report prints what the runs used."""
+  try:
+    flags = json.loads((Path(workdir) / STAMP).read_text()).get("xla_flags", [])
+  except (OSError, ValueError, AttributeError):
+    return []
+  return [str(f) for f in flags] if isinstance(flags, list) else []
+
+
 def _train(run: Run, root: Path, smoke: bool) -> int:
   workdir = run_dir(run, root)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / STAMP).write_text(json.dumps(stamp(run, smoke)) + "\n")
+  flags = sorted({*xla_flags_seen(workdir), os.environ.get("XLA_FLAGS", "")})
+  (workdir / STAMP).write_text(json.dumps(stamp(run, smoke) | {"xla_flags": flags}) + "\n")
   command = run.command(root, smoke)
   print(f"run {run.key}: {' '.join(command)}", flush=True)
   code = _call([sys.executable, "-m", "experiments", *command[1:]],
@@ -610,15 +622,19 @@ def _trained(run: Run, root: Path) -> None:
           flush=True)
 
 
-def expected_wall_s(run: Run, root: Path) -> float | None:
-  """What training `run` from where its directory stands should take: the median wall time
-  of the recorded runs of its arm and setting (else of its setting) times the share of its
-  steps still to train; None while nothing of the setting is recorded."""
+DEADLINE_MARGIN = 1.1   # evaluations and checkpoint writes, which the step times leave out
+
+
+def expected_train_s(run: Run, root: Path) -> float | None:
+  """What training `run` from where its directory stands should take: the median time
+  spent (run_records.train_seconds) by the recorded runs of its arm and setting (else of
+  its setting) times the share of its steps still to train, times DEADLINE_MARGIN; None
+  while nothing of the setting is recorded."""
   def walls(same_arm: bool) -> list[float]:
     found = []
     for other in plan():
       if other.experiment == run.experiment and (not same_arm or other.name == run.name):
-        wall = run_records.run_provenance(run_dir(other, records_root(root)))["wall_s"]
+        wall = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
         if wall is not None and recorded(other, root):
           found.append(float(wall))
     return found
@@ -627,7 +643,7 @@ def expected_wall_s(run: Run, root: Path) -> float | None:
     return None
   rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
   left = 1.0 - min(max((int(rows[-1]["step"]) if rows else 0) / max(steps(run), 1), 0.0), 1.0)
-  return sorted(known)[len(known) // 2] * left
+  return sorted(known)[len(known) // 2] * left * DEADLINE_MARGIN
 
 
 def parse_until(spec: str | None, now: float | None = None) -> float | None:
@@ -649,10 +665,10 @@ def past_deadline(run: Run, root: Path, until: float | None) -> str | None:
   """Why `run` is not started before the deadline `until` (it would end after it), or None."""
   if until is None:
     return None
-  expected = expected_wall_s(run, root)
+  expected = expected_train_s(run, root)
   if expected is None or time.time() + expected <= until:
     return None
-  return (f"skip {run.key}: would take ~{expected / 60:.0f} min (its arm's recorded wall "
+  return (f"skip {run.key}: would take ~{expected / 60:.0f} min (its arm's recorded "
           f"time), past --until")
 
 

@@ -4,8 +4,8 @@ where the repository keeps them.
 A run directory holds checkpoints and TensorBoard logs and stays out of version control;
 what a report reads from it is a few small files. `write_record(workdir, record_dir)`
 copies those into `record_dir` (the same names, `analysis/` included) and adds
-`provenance.json` (the corpus content hash and the run's wall time, which the run
-directory tells through a 100 KB manifest and file times that a copy does not keep). A
+`provenance.json` (the corpus content hash, which the run directory keeps in a 100 KB
+manifest, and the time the run spent, `train_seconds`). A
 record is then read exactly like the run directory it came from, so a result outlives
 the machine that trained it. Files a run does not write (a VLM run has no
 `metrics.jsonl`, an LM run no `metrics.json`) are simply absent from its record.
@@ -31,26 +31,61 @@ PROVENANCE = "provenance.json"
 MANIFEST = "corpus_manifest.json"
 
 
+def _metrics_rows(workdir: Path) -> list[dict]:
+  rows = []
+  try:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  except OSError:
+    return rows
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except ValueError:   # a line cut by a kill
+      continue
+    if isinstance(row, dict) and "step" in row:
+      rows.append(row)
+  return rows
+
+
+def train_seconds(workdir: Path) -> float | None:
+  """The time a run has spent: a VLM run's metrics.json (training + its final decoding
+  evaluation); else the trainer's logged step times, each interval's mean step time
+  times its steps, one copy of each step (a step logged again after a resume counts
+  once), evaluations and checkpoint writes excluded, compilation included (in the
+  first interval). Unlike file times it ignores pauses and survives resumes. None when
+  nothing is logged."""
+  workdir = Path(workdir)
+  try:
+    done = json.loads((workdir / "metrics.json").read_text())
+    return float(done["train_seconds"]) + float(done.get("eval_seconds") or 0.0)
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    pass
+  per_step = {int(r["step"]): float(r["time/step_s"]) for r in _metrics_rows(workdir)
+              if "time/step_s" in r}
+  if not per_step:
+    return None
+  total, previous = 0.0, 0
+  for step in sorted(per_step):
+    total += per_step[step] * (step - previous)
+    previous = step
+  return total
+
+
 def run_provenance(workdir: Path) -> dict:
-  """{"corpus", "wall_s"} of a run: its record's provenance.json, else from the run
-  directory itself, the corpus content hash of its manifest (written at the start) and
-  the time from that manifest to its last metrics row (pauses of resumed runs included);
-  None where unknown."""
+  """{"corpus", "train_s"} of a run: its record's provenance.json, else from the run
+  directory, the corpus content hash of its manifest and `train_seconds`; None where
+  unknown."""
   workdir = Path(workdir)
   try:
     kept = json.loads((workdir / PROVENANCE).read_text())
-    return {"corpus": kept.get("corpus"), "wall_s": kept.get("wall_s")}
+    return {"corpus": kept.get("corpus"), "train_s": kept.get("train_s")}
   except (OSError, ValueError, AttributeError):
     pass
-  manifest, metrics = workdir / MANIFEST, workdir / "metrics.jsonl"
-  if not manifest.exists():
-    return {"corpus": None, "wall_s": None}
   try:
-    corpus = json.loads(manifest.read_text()).get("content_sha256")
+    corpus = json.loads((workdir / MANIFEST).read_text()).get("content_sha256")
   except (OSError, ValueError, AttributeError):
     corpus = None
-  wall = metrics.stat().st_mtime - manifest.stat().st_mtime if metrics.exists() else None
-  return {"corpus": corpus, "wall_s": wall}
+  return {"corpus": corpus, "train_s": train_seconds(workdir)}
 
 
 def record_files(workdir: Path) -> list[Path]:
@@ -87,7 +122,7 @@ def write_record(workdir: Path, record_dir: Path) -> list[str]:
       _write_atomic(target, data)
       written.append(str(name))
   provenance = json.dumps(run_provenance(workdir), sort_keys=True) + "\n"
-  if (workdir / MANIFEST).exists():   # else the record keeps what it had
+  if (workdir / MANIFEST).exists() or (workdir / "metrics.json").exists():
     target = record_dir / PROVENANCE
     if not (target.is_file() and target.read_text() == provenance):
       _write_atomic(target, provenance.encode())

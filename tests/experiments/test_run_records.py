@@ -3,7 +3,6 @@ the queue counts a recorded run as done unless another run needs its checkpoint.
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -20,12 +19,12 @@ def _finished(root, run, final, *, per_doc=True, analyses=()):
   (workdir / reproduce.STAMP).write_text(json.dumps(reproduce.stamp(run)))
   (workdir / "corpus_manifest.json").write_text(json.dumps(
       {"content_sha256": "ab" * 32, "files": ["x"] * 100}))
-  rows = [{"step": 10, "train/tokens_per_s": 5.0}, {"step": 20, "train/tokens_per_s": 7.0},
+  # 1 s a step over the logged intervals: 600 s in all (evaluation rows carry no time).
+  rows = [{"step": 10, "train/tokens_per_s": 5.0, "time/step_s": 1.0},
+          {"step": 20, "train/tokens_per_s": 7.0, "time/step_s": 1.0},
           {"step": 200, "eval/bits_per_byte": final + 0.3},
-          {"step": reproduce.steps(run), "eval/bits_per_byte": final}]
+          {"step": reproduce.steps(run), "eval/bits_per_byte": final, "time/step_s": 1.0}]
   (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  os.utime(workdir / "corpus_manifest.json", (1000.0, 1000.0))
-  os.utime(workdir / "metrics.jsonl", (1600.0, 1600.0))
   if per_doc:
     tokens = np.array([100.0, 300.0])
     write_per_doc(workdir, reproduce.steps(run), "byte", ["a.py", "b.py"],
@@ -62,12 +61,12 @@ def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key, cap
   assert set(written) == {"repro.json", "metrics.jsonl", "eval_per_doc.json",
                           "analysis/id_knn.json", run_records.PROVENANCE}
   assert not (kept / "checkpoints").exists() and not (kept / "corpus_manifest.json").exists()
-  assert run_records.run_provenance(kept) == {"corpus": "ab" * 32, "wall_s": 600.0}
+  assert run_records.run_provenance(kept) == {"corpus": "ab" * 32, "train_s": 600.0}
   assert reproduce.recorded(run, tmp_path) and reproduce.finished(run, kept.parent.parent)
   here = results.collect(tmp_path)["bytes"]["lngram_r16"]["seeds"][0]
   there = results.collect(kept.parent.parent)["bytes"]["lngram_r16"]["seeds"][0]
   _assert_same(here, there)
-  assert there["final"] == pytest.approx(2.0) and there["wall_s"] == 600.0
+  assert there["final"] == pytest.approx(2.0) and there["train_s"] == 600.0
   assert reproduce.record(run, tmp_path) == []          # nothing new: nothing rewritten
   # The run directory gone (another machine), the record still answers.
   import shutil
@@ -157,20 +156,21 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
   pkm0, pkm1, pkm2 = (by_key[f"bytes/pkm_s{s}"] for s in range(3))
   run_records.write_record(_finished(tmp_path / "elsewhere", pkm1, 2.2),   # wall 600 s
                            reproduce.run_dir(pkm1, reproduce.records_root(tmp_path)))
-  assert reproduce.expected_wall_s(pkm0, tmp_path) == 600.0
-  assert reproduce.expected_wall_s(by_key["tokens/pkm_s0"], tmp_path) is None   # no record
+  margin = reproduce.DEADLINE_MARGIN
+  assert reproduce.expected_train_s(pkm0, tmp_path) == pytest.approx(600.0 * margin)
+  assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path) is None   # no record
   # Half trained here: half the time left.
   half = reproduce.run_dir(pkm2, tmp_path)
   half.mkdir(parents=True)
   (half / reproduce.STAMP).write_text(json.dumps(reproduce.stamp(pkm2)))
   (half / "metrics.jsonl").write_text(json.dumps({"step": 300}) + "\n")
-  assert reproduce.expected_wall_s(pkm2, tmp_path) == 300.0
+  assert reproduce.expected_train_s(pkm2, tmp_path) == pytest.approx(300.0 * margin)
   calls = []
   monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 1)
   now = reproduce.time.time()
   assert reproduce.run_queue([pkm0, pkm2], tmp_path, claim=True, until=now + 450) == 1
   out = capsys.readouterr().out
-  assert "skip bytes/pkm_s0: would take ~10 min" in out
+  assert "skip bytes/pkm_s0: would take ~11 min" in out
   assert len(calls) == 1 and f"--workdir={half}" in calls[0]   # the half-done one fits
   calls.clear()
   assert reproduce.run_queue([pkm0], tmp_path, until=now + 100) == 0 and not calls
@@ -179,3 +179,34 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
   assert reproduce.parse_until(None) is None
   with pytest.raises(SystemExit, match="--until"):
     reproduce.parse_until("tomorrow")
+
+
+def test_train_seconds_counts_each_step_once_and_ignores_pauses(tmp_path):
+  rows = [{"step": 10, "time/step_s": 2.0}, {"step": 20, "time/step_s": 1.0},
+          {"step": 20, "eval/bits_per_byte": 3.0},
+          {"step": 10, "time/step_s": 2.0}, {"step": 20, "time/step_s": 1.0},   # resumed
+          {"step": 30, "time/step_s": 0.5}]
+  (tmp_path / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 40, "time/st')   # cut by a kill
+  assert run_records.train_seconds(tmp_path) == 2.0 * 10 + 1.0 * 10 + 0.5 * 10
+  assert run_records.train_seconds(tmp_path / "none") is None
+  # A VLM run: its own account of training and its final decoding evaluation.
+  (tmp_path / "metrics.json").write_text(json.dumps({"train_seconds": 100.0,
+                                                     "eval_seconds": 20.0}))
+  assert run_records.train_seconds(tmp_path) == 120.0
+  assert run_records.run_provenance(tmp_path) == {"corpus": None, "train_s": 120.0}
+
+
+def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, monkeypatch):
+  pkm = by_key["bytes/pkm_s0"]
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: 1)
+  monkeypatch.setenv("XLA_FLAGS", "--b")
+  reproduce._train(pkm, tmp_path, smoke=False)
+  monkeypatch.setenv("XLA_FLAGS", "--a")
+  reproduce._train(pkm, tmp_path, smoke=False)        # resumed under other flags
+  monkeypatch.delenv("XLA_FLAGS")
+  reproduce._train(pkm, tmp_path, smoke=False)
+  workdir = reproduce.run_dir(pkm, tmp_path)
+  assert reproduce.xla_flags_seen(workdir) == ["", "--a", "--b"]
+  line = report._flags_line([{"xla_flags": ["--a"]}, {"xla_flags": ["--a"]}, {}])
+  assert line == "XLA_FLAGS `--a` (2 runs), not recorded (1 runs)"
