@@ -1,11 +1,13 @@
 """Tables and plots of the Lngram reproductions, generated from their run records.
 
-    python -m experiments.report [--root=experiments/results/records] [--out=experiments/results/lngram]
+    python -m experiments.report [--root=experiments/results/records]
+                                 [--out=experiments/results/lngram]
 
-By default reads the records the queue keeps in the repository (experiments/run_records.py:
-the few files of each finished run that its numbers come from, copied out of
-`runs/repro/...`), so the report regenerates on any checkout; `--root=runs/repro` (or
-a smoke queue's root) reads run directories themselves. Reads every run of `experiments.reproduce.plan()` that has written metrics (stale
+By default reads the records the queue keeps in the repository
+(experiments/run_records.py: the few files of each finished run that its numbers come
+from, copied out of `runs/repro/...`), so the report regenerates on any checkout;
+`--root=runs/repro` (or a smoke queue's root) reads run directories themselves. Reads
+every run of `experiments.reproduce.plan()` that has written metrics (stale
 directories of an older design are never read) and prints the Markdown of RESULTS.md's
 Lngram section: the runs still pending; the summary table of the pre-declared claim
 family, each claim a paired contrast over seeds (experiments/stats.py: the paired
@@ -49,7 +51,8 @@ def memory_params(config_spec: str) -> tuple[int, int]:
 
 
 def provenance(results: dict) -> str:
-  """Where the numbers come from: machine, versions, corpus hash(es), wall time per arm."""
+  """Where the numbers come from: machine, versions, corpus hash(es), training time per
+  run, the XLA flags the runs trained under."""
   import platform
 
   import jax

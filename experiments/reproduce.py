@@ -21,16 +21,17 @@ arms are compared paired by seed (experiments/stats.py, `python -m experiments.r
 
 Every run that finishes (and every analysis written) is RECORDED: the few files its
 numbers come from (stamp, metrics, per-document evaluation, analyses, provenance;
-experiments/run_records.py) are copied to `experiments/results/records/<setting>/<arm>_s<seed>`,
-which is committed, while the run directory (checkpoints, TensorBoard) is not. The
-report reads the records, and the queue counts a recorded run as done (`list` marks
-one without its checkpoint here), so results outlive the machine that trained them; a recorded run trains again
-only where its checkpoint is needed here (a run starting from it is not done, or with
-`--analyze` its record lacks analyses). `record` writes the records of finished runs
-that have none (a queue of an older version). `--until=+MINUTES` (or an ISO date-time)
-starts no run that its arm's recorded training time says would end later, so a queue on a
-machine lent for a fixed time does not leave a half-trained run behind. A queue under another `--root` keeps its
-records in `<root>/records`.
+experiments/run_records.py) are copied to
+`experiments/results/records/<setting>/<arm>_s<seed>`, which is committed, while the run
+directory (checkpoints, TensorBoard) is not. The report reads the records, and the queue
+counts a recorded run as done (`list` marks one without its checkpoint here), so results
+outlive the machine that trained them; a recorded run trains again only where its
+checkpoint is needed here (a run starting from it is not done, or with `--analyze` its
+record lacks analyses). `record` writes the records of finished runs that have none (a
+queue of an older version). A queue under another `--root` keeps its records in
+`<root>/records`. `--until=+MINUTES` (or an ISO date-time) starts no run that its arm's
+recorded training time says would end later, so a queue on a machine lent for a fixed
+time leaves no half-trained run behind.
 
 A run directory holds `repro.json` (this design's version, written before training):
 a directory without it, or of another version, is STALE (runs of the older unpaired
@@ -630,15 +631,15 @@ def expected_train_s(run: Run, root: Path) -> float | None:
   spent (run_records.train_seconds) by the recorded runs of its arm and setting (else of
   its setting) times the share of its steps still to train, times DEADLINE_MARGIN; None
   while nothing of the setting is recorded."""
-  def walls(same_arm: bool) -> list[float]:
+  def spent(same_arm: bool) -> list[float]:
     found = []
     for other in plan():
       if other.experiment == run.experiment and (not same_arm or other.name == run.name):
-        wall = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
-        if wall is not None and recorded(other, root):
-          found.append(float(wall))
+        seconds = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
+        if seconds is not None and recorded(other, root):
+          found.append(float(seconds))
     return found
-  known = walls(True) or walls(False)
+  known = spent(True) or spent(False)
   if not known:
     return None
   rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
@@ -780,13 +781,13 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("action", choices=("list", "run", "analyze", "record",
-                                             "export-corpus"))
+  parser.add_argument("action",
+                      choices=("list", "run", "analyze", "record", "export-corpus"))
   parser.add_argument("--only", default=None, help="comma-separated settings")
   parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
   parser.add_argument("--until", default=None,
                       help="run: +MINUTES or an ISO date-time; no run is started that its "
-                           "arm's recorded wall time says would end after it")
+                           "arm's recorded training time says would end after it")
   parser.add_argument("--shard", default=None, help="run: I/K, every K-th run from the I-th")
   parser.add_argument("--claim", action="store_true",
                       help="run: take the next run no other process has claimed (several "

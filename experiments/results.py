@@ -8,7 +8,7 @@ written metrics (and is not stale: a directory of an older queue design is never
 mixed in), its final validation bits per unit (from its per-document evaluation,
 `eval_per_doc.json`, when written at the final step, else its metrics), the
 per-document sums, its validation curve, its median training tokens/s and where
-its numbers come from (corpus hash, wall time); `finals` and `mean_std` summarise
+its numbers come from (corpus hash, training time, XLA flags); `finals` and `mean_std` summarise
 an arm's seeds; `read_analysis` reads one
 `<run>/analysis/<name>.json` that `lngram-exp analyze` wrote. `experiments.report`
 (the tables) and `experiments.report_analyses` (the analysis sections) both read
@@ -43,8 +43,8 @@ def tokens_per_s(rows: list[dict]) -> float | None:
 
 def collect(root: Path) -> dict:
   """{experiment: {name: {"config", "seeds": {seed: {"final", "per_doc", "curve", "tok_s",
-  "corpus", "train_s", "xla_flags"}}}}} of the runs under `root` that have written metrics; "per_doc" is
-  the final evaluation per validation document (experiments/data/validation.py) or None."""
+  "xla_flags", "corpus", "train_s"}}}}} of the runs under `root` that have written
+  metrics; "per_doc" is the final evaluation per validation document (experiments/data/validation.py) or None."""
   out: dict = defaultdict(dict)
   runs = reproduce.plan()
   by_key = {r.key: r for r in runs}

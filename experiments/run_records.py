@@ -5,10 +5,10 @@ A run directory holds checkpoints and TensorBoard logs and stays out of version 
 what a report reads from it is a few small files. `write_record(workdir, record_dir)`
 copies those into `record_dir` (the same names, `analysis/` included) and adds
 `provenance.json` (the corpus content hash, which the run directory keeps in a 100 KB
-manifest, and the time the run spent, `train_seconds`). A
-record is then read exactly like the run directory it came from, so a result outlives
-the machine that trained it. Files a run does not write (a VLM run has no
-`metrics.jsonl`, an LM run no `metrics.json`) are simply absent from its record.
+manifest, and the time the run spent, `train_seconds`). A record is then read exactly
+like the run directory it came from, so a result outlives the machine that trained it.
+Files a run does not write (an LM run has no `metrics.json`, only a VLM base an
+`attention_decay.json`) are simply absent from its record.
 
 Imports nothing from the experiment stack: `experiments.reproduce` maps its runs to
 record directories, `experiments.results` reads them.
