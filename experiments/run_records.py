@@ -28,7 +28,8 @@ FILES = ("repro.json",            # the queue's stamp: design version, steps
          "attention_decay.json")  # a VLM base's visual attention against position
 ANALYSIS_GLOB = "analysis/*.json"  # `lngram-exp analyze` results of an LM run
 PROVENANCE = "provenance.json"
-MANIFEST = "corpus_manifest.json"
+MANIFEST = "corpus_manifest.json"   # a byte run's corpus (experiments/data/corpus.py)
+TOKEN_DATA = "token_data.json"      # a token run's shards and tokenizer (data/tokens/run.py)
 
 
 def _metrics_rows(workdir: Path) -> list[dict]:
@@ -71,21 +72,29 @@ def train_seconds(workdir: Path) -> float | None:
   return total
 
 
+def _json_field(path: Path, *keys: str):
+  try:
+    value = json.loads(path.read_text())
+    for key in keys:
+      value = value[key]
+    return value
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
 def run_provenance(workdir: Path) -> dict:
-  """{"corpus", "train_s"} of a run: its record's provenance.json, else from the run
-  directory, the corpus content hash of its manifest and `train_seconds`; None where
-  unknown."""
+  """{"corpus", "tokenizer", "train_s"} of a run: its record's provenance.json, else from
+  the run directory: the data's hash (a byte run's corpus content sha256, a token run's
+  shards sha256; the token record's absolute data path is not kept), the tokenizer's
+  sha256 (token runs) and `train_seconds`; None where unknown."""
   workdir = Path(workdir)
-  try:
-    kept = json.loads((workdir / PROVENANCE).read_text())
-    return {"corpus": kept.get("corpus"), "train_s": kept.get("train_s")}
-  except (OSError, ValueError, AttributeError):
-    pass
-  try:
-    corpus = json.loads((workdir / MANIFEST).read_text()).get("content_sha256")
-  except (OSError, ValueError, AttributeError):
-    corpus = None
-  return {"corpus": corpus, "train_s": train_seconds(workdir)}
+  kept = _json_field(workdir / PROVENANCE)
+  if isinstance(kept, dict):
+    return {key: kept.get(key) for key in ("corpus", "tokenizer", "train_s")}
+  corpus = (_json_field(workdir / MANIFEST, "content_sha256")
+            or _json_field(workdir / TOKEN_DATA, "shards_sha256"))
+  return {"corpus": corpus, "tokenizer": _json_field(workdir / TOKEN_DATA, "tokenizer", "sha256"),
+          "train_s": train_seconds(workdir)}
 
 
 def record_files(workdir: Path) -> list[Path]:
@@ -122,7 +131,7 @@ def write_record(workdir: Path, record_dir: Path) -> list[str]:
       _write_atomic(target, data)
       written.append(str(name))
   provenance = json.dumps(run_provenance(workdir), sort_keys=True) + "\n"
-  if (workdir / MANIFEST).exists() or (workdir / "metrics.json").exists():
+  if any((workdir / name).exists() for name in (MANIFEST, TOKEN_DATA, "metrics.json")):
     target = record_dir / PROVENANCE
     if not (target.is_file() and target.read_text() == provenance):
       _write_atomic(target, provenance.encode())

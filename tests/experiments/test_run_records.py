@@ -61,7 +61,8 @@ def test_a_record_reads_like_its_run_and_keeps_nothing_big(tmp_path, by_key, cap
   assert set(written) == {"repro.json", "metrics.jsonl", "eval_per_doc.json",
                           "analysis/id_knn.json", run_records.PROVENANCE}
   assert not (kept / "checkpoints").exists() and not (kept / "corpus_manifest.json").exists()
-  assert run_records.run_provenance(kept) == {"corpus": "ab" * 32, "train_s": 600.0}
+  assert run_records.run_provenance(kept) == {"corpus": "ab" * 32, "tokenizer": None,
+                                              "train_s": 600.0}
   assert reproduce.recorded(run, tmp_path) and reproduce.finished(run, kept.parent.parent)
   here = results.collect(tmp_path)["bytes"]["lngram_r16"]["seeds"][0]
   there = results.collect(kept.parent.parent)["bytes"]["lngram_r16"]["seeds"][0]
@@ -194,7 +195,8 @@ def test_train_seconds_counts_each_step_once_and_ignores_pauses(tmp_path):
   (tmp_path / "metrics.json").write_text(json.dumps({"train_seconds": 100.0,
                                                      "eval_seconds": 20.0}))
   assert run_records.train_seconds(tmp_path) == 120.0
-  assert run_records.run_provenance(tmp_path) == {"corpus": None, "train_s": 120.0}
+  assert run_records.run_provenance(tmp_path) == {"corpus": None, "tokenizer": None,
+                                                  "train_s": 120.0}
 
 
 def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, monkeypatch):
@@ -210,3 +212,23 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   assert reproduce.xla_flags_seen(workdir) == ["", "--a", "--b"]
   line = report._flags_line([{"xla_flags": ["--a"]}, {"xla_flags": ["--a"]}, {}])
   assert line == "XLA_FLAGS `--a` (2 runs), not recorded (1 runs)"
+
+
+def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tmp_path):
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "token_data.json").write_text(json.dumps(
+      {"path": "/some/machine/data", "shards_sha256": "cd" * 32,
+       "tokenizer": {"sha256": "ef" * 32, "vocab_size": 4096}}))
+  (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps(
+      {"step": 10, "time/step_s": 1.5}) + "\n")
+  run_records.write_record(tmp_path / "run", tmp_path / "kept")
+  assert run_records.run_provenance(tmp_path / "kept") == {
+      "corpus": "cd" * 32, "tokenizer": "ef" * 32, "train_s": 15.0}
+  assert "/some/machine" not in "".join(p.read_text() for p in (tmp_path / "kept").iterdir())
+  results = {"bytes": {"a": {"seeds": {0: {"corpus": "ab" * 32}, 1: {"corpus": "ab" * 32}}}},
+             "tokens": {"a": {"seeds": {0: {"corpus": "cd" * 32, "tokenizer": "ef" * 32},
+                                        1: {"corpus": "00" * 32, "tokenizer": "ef" * 32}}}}}
+  line = report._data_line(results)
+  assert line.startswith("bytes data sha256 abababababababab… (all 2 runs); tokens data "
+                         "sha256 0000000000000000…, cdcdcdcdcdcdcdcd… (DIFFERENT across its "
+                         "2 runs); tokens tokenizer sha256 efefefefefefefef… (all 2 runs)")
