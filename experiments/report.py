@@ -63,7 +63,7 @@ def provenance(results: dict) -> str:
            f"{os.cpu_count()} CPU cores, jax {jax.__version__}, Python "
            f"{platform.python_version()}; " + _data_line(results)
            + (f"; training time per finished run {min(walls) / 60:.1f}–"
-              f"{max(walls) / 60:.1f} min (its logged step times, evaluations excluded)"
+              f"{max(walls) / 60:.1f} min (median step time x steps, evaluations excluded)"
               if walls else "") + "; " + _flags_line(seeds) + "."]
   return "\n".join(lines)
 

@@ -628,9 +628,10 @@ DEADLINE_MARGIN = 1.1   # evaluations and checkpoint writes, which the step time
 
 def expected_train_s(run: Run, root: Path) -> float | None:
   """What training `run` from where its directory stands should take: the median time
-  spent (run_records.train_seconds) by the recorded runs of its arm and setting (else of
-  its setting) times the share of its steps still to train, times DEADLINE_MARGIN; None
-  while nothing of the setting is recorded."""
+  (run_records.train_seconds) of the recorded runs of its arm and setting, else the
+  longest of its setting's (an arm not yet recorded may be the slowest), times the share
+  of its steps still to train, times DEADLINE_MARGIN; None while nothing of the setting
+  is recorded."""
   def spent(same_arm: bool) -> list[float]:
     found = []
     for other in plan():
@@ -639,12 +640,16 @@ def expected_train_s(run: Run, root: Path) -> float | None:
         if seconds is not None and recorded(other, root):
           found.append(float(seconds))
     return found
-  known = spent(True) or spent(False)
-  if not known:
+  same_arm, setting = spent(True), spent(False)
+  if same_arm:
+    typical = sorted(same_arm)[len(same_arm) // 2]
+  elif setting:
+    typical = max(setting)
+  else:
     return None
   rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
   left = 1.0 - min(max((int(rows[-1]["step"]) if rows else 0) / max(steps(run), 1), 0.0), 1.0)
-  return sorted(known)[len(known) // 2] * left * DEADLINE_MARGIN
+  return typical * left * DEADLINE_MARGIN
 
 
 def parse_until(spec: str | None, now: float | None = None) -> float | None:

@@ -49,12 +49,14 @@ def _metrics_rows(workdir: Path) -> list[dict]:
 
 
 def train_seconds(workdir: Path) -> float | None:
-  """The time a run has spent: a VLM run's metrics.json (training + its final decoding
-  evaluation); else the trainer's logged step times, each interval's mean step time
-  times its steps, one copy of each step (a step logged again after a resume counts
-  once), evaluations and checkpoint writes excluded, compilation included (in the
-  first interval). Unlike file times it ignores pauses and survives resumes. None when
-  nothing is logged."""
+  """The time a run takes: a VLM run's metrics.json (training + its final decoding
+  evaluation); else its steady step time, the median over the logged intervals of each
+  interval's mean step time, times its last logged step. The median ignores what
+  lands in a few intervals: compilation (the first), a pause (a queue stopped while
+  tests run stops the clock of no interval: the whole pause lands in one), a resume (a
+  step logged twice is one interval), so unlike file times it measures the run, not
+  the machine's day; evaluations and checkpoint writes are left out. None when nothing
+  is logged."""
   workdir = Path(workdir)
   try:
     done = json.loads((workdir / "metrics.json").read_text())
@@ -65,11 +67,10 @@ def train_seconds(workdir: Path) -> float | None:
               if "time/step_s" in r}
   if not per_step:
     return None
-  total, previous = 0.0, 0
-  for step in sorted(per_step):
-    total += per_step[step] * (step - previous)
-    previous = step
-  return total
+  times = sorted(per_step.values())
+  middle = len(times) // 2
+  median = times[middle] if len(times) % 2 else 0.5 * (times[middle - 1] + times[middle])
+  return median * max(per_step)
 
 
 def _json_field(path: Path, *keys: str):

@@ -160,6 +160,15 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
   margin = reproduce.DEADLINE_MARGIN
   assert reproduce.expected_train_s(pkm0, tmp_path) == pytest.approx(600.0 * margin)
   assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path) is None   # no record
+  # An arm not yet recorded: the setting's longest run.
+  engram = by_key["bytes/engram_s0"]
+  run_records.write_record(_finished(tmp_path / "elsewhere", engram, 2.0),
+                           reproduce.run_dir(engram, reproduce.records_root(tmp_path)))
+  (reproduce.run_dir(engram, reproduce.records_root(tmp_path)) / "provenance.json").write_text(
+      json.dumps({"train_s": 900.0}))
+  assert reproduce.expected_train_s(by_key["bytes/sparse_ffn_s0"], tmp_path) == pytest.approx(
+      900.0 * margin)
+  assert reproduce.expected_train_s(pkm0, tmp_path) == pytest.approx(600.0 * margin)
   # Half trained here: half the time left.
   half = reproduce.run_dir(pkm2, tmp_path)
   half.mkdir(parents=True)
@@ -182,14 +191,15 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
     reproduce.parse_until("tomorrow")
 
 
-def test_train_seconds_counts_each_step_once_and_ignores_pauses(tmp_path):
-  rows = [{"step": 10, "time/step_s": 2.0}, {"step": 20, "time/step_s": 1.0},
-          {"step": 20, "eval/bits_per_byte": 3.0},
-          {"step": 10, "time/step_s": 2.0}, {"step": 20, "time/step_s": 1.0},   # resumed
-          {"step": 30, "time/step_s": 0.5}]
+def test_train_seconds_is_the_steady_step_time_not_pauses_or_compilation(tmp_path):
+  rows = [{"step": 10, "time/step_s": 9.0},                        # compiling
+          {"step": 20, "time/step_s": 1.0}, {"step": 20, "eval/bits_per_byte": 3.0},
+          {"step": 30, "time/step_s": 1.0}, {"step": 30, "time/step_s": 1.0},   # resumed
+          {"step": 40, "time/step_s": 250.0},                      # stopped for 40 min
+          {"step": 50, "time/step_s": 1.2}, {"step": 60, "time/step_s": 0.8}]
   (tmp_path / "metrics.jsonl").write_text(
-      "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 40, "time/st')   # cut by a kill
-  assert run_records.train_seconds(tmp_path) == 2.0 * 10 + 1.0 * 10 + 0.5 * 10
+      "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 70, "time/st')   # cut by a kill
+  assert run_records.train_seconds(tmp_path) == pytest.approx(1.1 * 60)
   assert run_records.train_seconds(tmp_path / "none") is None
   # A VLM run: its own account of training and its final decoding evaluation.
   (tmp_path / "metrics.json").write_text(json.dumps({"train_seconds": 100.0,
@@ -220,7 +230,7 @@ def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tm
       {"path": "/some/machine/data", "shards_sha256": "cd" * 32,
        "tokenizer": {"sha256": "ef" * 32, "vocab_size": 4096}}))
   (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps(
-      {"step": 10, "time/step_s": 1.5}) + "\n")
+      {"step": 10, "time/step_s": 1.5}) + "\n")   # one interval: its time
   run_records.write_record(tmp_path / "run", tmp_path / "kept")
   assert run_records.run_provenance(tmp_path / "kept") == {
       "corpus": "cd" * 32, "tokenizer": "ef" * 32, "train_s": 15.0}
