@@ -71,3 +71,24 @@ def hf_checkpoints(tmp_path_factory):
     model.save_pretrained(path, max_shard_size="40KB")
     out[family] = (path, model)
   return out
+
+
+@pytest.fixture
+def greedy_both():
+  """greedy_both(ours, hf, prompt_BxT, n) -> (ours, transformers') n greedy tokens after
+  the prompt, ours decoded through the KV cache, as int arrays [B, n]."""
+  torch = pytest.importorskip("torch")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from experiments.models import generate
+
+  def run(model, hf, prompt_BxT, n: int):
+    with torch.no_grad():
+      want = hf.generate(torch.tensor(prompt_BxT), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, pad_token_id=0).numpy()[:, prompt_BxT.shape[1]:]
+    got = generate(model, jnp.asarray(prompt_BxT), max_new_tokens=n, rng=jax.random.key(0),
+                   greedy=True, use_cache=True)
+    return np.asarray(got), want
+  return run

@@ -15,7 +15,6 @@ import pytest
 from flax import nnx
 
 from experiments.hf import load_hf
-from experiments.models import generate
 from experiments.trainer.placement import make_train_mesh
 from lngram_jax.config import LngramConfig
 
@@ -63,16 +62,11 @@ def test_the_comparison_can_fail(hf_checkpoints):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_generation_with_cache_equals_transformers(hf_checkpoints, family):
+def test_greedy_generation_with_cache_equals_transformers(hf_checkpoints, family, greedy_both):
   path, hf = hf_checkpoints[family]
   model, _ = load_hf(path)
-  prompt_BxT = TOKENS_BxT[:, :6]
-  with torch.no_grad():
-    want = hf.generate(torch.tensor(prompt_BxT), max_new_tokens=16, min_new_tokens=16,
-                       do_sample=False, pad_token_id=0).numpy()[:, 6:]
-  got = generate(model, jnp.asarray(prompt_BxT), max_new_tokens=16, rng=jax.random.key(0),
-                 greedy=True, use_cache=True)
-  np.testing.assert_array_equal(np.asarray(got), want)
+  got, want = greedy_both(model, hf, TOKENS_BxT[:, :6], 16)
+  np.testing.assert_array_equal(got, want)
 
 
 def test_logits_on_an_8_device_mesh(hf_checkpoints):
