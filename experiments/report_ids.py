@@ -434,10 +434,13 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
                  f"({ks[0]['n_perm']} permutations)", null_verdict)
 
   def rho_means(ks, key):
-    """Mean over one arm's seeds of `key` per (layer, level) setting."""
+    """Per (layer, level) setting: the mean over one arm's seeds of `key` where it is
+    defined; None where no seed defines it (the hidden state does not beat the reader,
+    so ρ has no positive denominator: `id_readers.rho`). Raises KeyError where a seed's
+    analysis lacks `key` altogether (one from before the surface readers)."""
     out = []
     for layer, level, _ in _settings(ks[0], "rho"):
-      values = [_get(k, "layers", layer, key, level) for k in ks]
+      values = [k["layers"][layer][key][level] for k in ks]
       values = [v for v in values if v is not None]
       out.append(sum(values) / len(values) if values else None)
     return out
@@ -449,6 +452,11 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
     if not arms:
       rows.append((claim, paper, "–", _pending(groups, "id_knn")))
       return
+    if any(_get(k, "layers", layer, key) is None for _, ks in arms for k in ks
+           for layer in k["layers"]):
+      rows.append((claim, paper, "–", f"pending: {label} missing (an analysis from before "
+                   "the surface readers)"))
+      return
     try:
       means = {_label(g): rho_means(ks, key) for g, ks in arms}
     except (KeyError, TypeError, IndexError) as e:
@@ -457,14 +465,18 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
     ours = "; ".join(f"{_label(g)} (n={len(ks)}) mean {label} per setting {_span(means[_label(g)])}"
                      for g, ks in arms)
     flat = [v for m in means.values() for v in m]
-    if any(v is None for v in flat):
-      rows.append((claim, paper, ours, f"pending: {label} missing (an analysis from before "
-                   "the surface readers)"))
+    defined = [v for v in flat if v is not None]
+    undefined = len(flat) - len(defined)
+    note = (f"; undefined in {undefined}/{len(flat)} (the hidden state does not beat that "
+            "reader in any seed, so nothing is there to retain)" if undefined else "")
+    if not defined:
+      rows.append((claim, paper, ours, f"not evaluable: {label} undefined in every arm × "
+                   "setting (the hidden state never beats that reader)"))
       return
-    most = sum(v > 0.5 for v in flat)
+    most = sum(v > 0.5 for v in defined)
     rows.append((claim, paper, ours, _count_verdict(
-        most, len(flat), f"the arm's mean {label} over seeds > 50% in {most}/{len(flat)} "
-                         "arm × settings")))
+        most, len(defined), f"the arm's mean {label} over seeds > 50% in {most}/{len(defined)} "
+                            f"arm × settings where it is defined{note}")))
 
   rho_row("ID-KNN keeps most of the hidden state's excess AP over the nuisance reader (§3.2)",
           f"ρ {_span([r[-1] for r in PAPER_TABLE1])} (Table 1)", "rho", "ρ vs nuisance")

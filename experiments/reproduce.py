@@ -27,7 +27,8 @@ directory (checkpoints, TensorBoard) is not. The report reads the records, and t
 counts a recorded run as done (`list` marks one without its checkpoint here), so results
 outlive the machine that trained them; a recorded run trains again only where its
 checkpoint is needed here (a run starting from it is not done, or with `--analyze` its
-record lacks analyses). `record` writes the records of finished runs that have none (a
+record lacks analyses). The runs that start from another (insertion, Stage I) train
+right after it, so that its checkpoint is used before the machine is gone. `record` writes the records of finished runs that have none (a
 queue of an older version). A queue under another `--root` keeps its records in
 `<root>/records`. `--until=+MINUTES` (or an ISO date-time) starts no run that its arm's
 recorded training time says would end later, so a queue on a machine lent for a fixed
@@ -512,15 +513,31 @@ def select(runs, only: str | None):
 def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
   """The runs to train for `runs`, seed 0 of every arm first, then seed 1, ..., so that a
   cut queue leaves every arm with some result and the first pairs complete early; the
-  longest experiments (TRAINED_LAST) after the rest; within a seed, a run that starts from
-  another (insertion, Stage I) after the runs that start from scratch."""
+  longest experiments (TRAINED_LAST) after the rest; a run that starts from another
+  (insertion, Stage I) right after it, so that its checkpoint is used in the session
+  that trains it: run directories do not outlive the machine, and a recorded run whose
+  checkpoint is needed again (`queue_done`) would otherwise be rebuilt at the queue's head
+  and wait, unused, behind the rest of its seed."""
+  ranked = sorted(runs, key=lambda r: (r.experiment in TRAINED_LAST, r.seed,
+                                       r.after is not None))
+  keys = {r.key for r in ranked}
+  starts_from: dict[str, list[Run]] = {}
+  for run in ranked:
+    if run.after in keys:
+      starts_from.setdefault(run.after, []).append(run)
   order, seen = [], set()
-  for run in sorted(runs, key=lambda r: (r.experiment in TRAINED_LAST, r.seed,
-                                      r.after is not None)):
+
+  def emit(run: Run) -> None:
     target = by_key[run.same_as] if run.same_as else run
     if target.key not in seen:
       seen.add(target.key)
       order.append(target)
+    for child in starts_from.get(run.key, ()):
+      emit(child)
+
+  for run in ranked:
+    if run.after not in keys:
+      emit(run)
   return order
 
 

@@ -87,7 +87,7 @@ def test_claims_over_all_seeds_and_the_control_verdict(fake_root):
   # Per arm: r16's mean rho vs the best surface is 46.67% (below half), r64's 73.33%.
   ours, verdict = claims["... and over the best surface reader (bytes alone)"]
   assert verdict == ("inconclusive at this scale: the arm's mean ρ vs best surface over "
-                     "seeds > 50% in 2/4 arm × settings")
+                     "seeds > 50% in 2/4 arm × settings where it is defined")
   assert "bytes/lngram_r16 (n=3) mean ρ vs best surface per setting 46.67%" in ours
   assert claims["ID-KNN keeps most of the hidden state's excess AP over the nuisance reader "
                 "(§3.2)"][1].startswith("reproduced: the arm's mean ρ vs nuisance")
@@ -106,6 +106,32 @@ def test_claims_over_all_seeds_and_the_control_verdict(fake_root):
                             "seed in 0/2")
   assert report_ids.control_verdict([_id_knn(0.3)], [_id_knn(0.1)]).startswith(
       "inconclusive (too few seeds")
+
+
+def test_an_undefined_rho_is_not_a_missing_analysis(fake_root):
+  """Where the hidden state does not beat a reader, rho is None (id_readers.rho): the
+  claim is judged on the settings where it is defined and says how many are not."""
+  root, write = fake_root
+  for s, ap in enumerate((0.30, 0.32, 0.34)):
+    result = _id_knn(ap)
+    result["layers"]["1"]["rho"]["document"] = None
+    result["layers"]["1"]["rho_surface"]["document"] = None
+    write(f"bytes/lngram_r16_s{s}", "id_knn", result)
+  claims = {c: v for c, _, _, v in report_ids.id_claims(root)}
+  verdict = claims["ID-KNN keeps most of the hidden state's excess AP over the nuisance "
+                   "reader (§3.2)"]
+  assert verdict.startswith("reproduced: the arm's mean ρ vs nuisance over seeds > 50% in "
+                            "3/3 arm × settings where it is defined; undefined in 1/4")
+  assert "before the surface readers" not in verdict
+  # Undefined everywhere: not evaluable, and still not called an old analysis.
+  for key in ("bytes/lngram_r16_s0", "bytes/lngram_r16_s1", "bytes/lngram_r16_s2",
+              "bytes/lngram_r64_s0"):
+    result = _id_knn(0.3)
+    result["layers"]["1"]["rho_surface"] = dict.fromkeys(LEVELS)
+    write(key, "id_knn", result)
+  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[
+      "... and over the best surface reader (bytes alone)"]
+  assert verdict.startswith("not evaluable: ρ vs best surface undefined in every arm")
 
 
 def test_older_results_print_without_the_new_columns(fake_root):

@@ -186,7 +186,11 @@ def test_training_order_is_seed_major_and_shards_split_it():
   lm = [r.seed for r in order if r.experiment not in reproduce.TRAINED_LAST]
   assert lm == sorted(lm) and len(lm) == len(order) - len(reproduce.vlm_plan())
   keys = [r.key for r in order]
-  assert keys.index("bytes/baseline_s0") < keys.index("bytes/inserted_low_s0")
+  # Each insertion right after the baseline it starts from (its checkpoint used at once).
+  first = keys.index("bytes/baseline_s0")
+  assert keys[first + 1:first + 5] == ["bytes/continued_low_s0", "bytes/inserted_low_s0",
+                                       "bytes/continued_full_s0", "bytes/inserted_full_s0"]
+  assert all(keys.index(r.after) < keys.index(r.key) for r in order if r.after)
   assert reproduce._shard("1/3") == (1, 3)
   with pytest.raises(SystemExit, match="--shard"):
     reproduce._shard("3/3")

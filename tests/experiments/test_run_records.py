@@ -112,6 +112,32 @@ def test_a_recorded_run_is_done_unless_a_run_starts_from_its_checkpoint(tmp_path
   assert reproduce.queue_done(order, by_key, tmp_path) >= {base.key, inserted.key, pkm.key}
 
 
+def test_a_rebuilt_checkpoint_is_used_right_after_it_trains(tmp_path, by_key, monkeypatch):
+  """A run that starts from another trains right after it, not after the rest of its
+  seed: a recorded baseline rebuilt for its insertions does not wait, unused (and lost
+  with the machine), behind every other run of the seed."""
+  base, pkm = by_key["bytes/baseline_s0"], by_key["bytes/pkm_s0"]
+  low, full = by_key["bytes/inserted_low_s0"], by_key["bytes/inserted_full_s0"]
+  base1, engram = by_key["bytes/baseline_s1"], by_key["bytes/engram_s0"]
+  order = reproduce.training_order([pkm, low, base1, full, base, engram], by_key)
+  assert [r.key for r in order] == [pkm.key, base.key, low.key, full.key, engram.key,
+                                    base1.key]
+  run_records.write_record(_finished(tmp_path / "elsewhere", base, 2.0),
+                           reproduce.run_dir(base, reproduce.records_root(tmp_path)))
+  trained = []
+
+  def train(command, **kw):
+    workdir = next(a.split("=", 1)[1] for a in command if a.startswith("--workdir="))
+    run = next(r for r in order if str(reproduce.run_dir(r, tmp_path)) == workdir)
+    trained.append(run.key)
+    _finished(tmp_path, run, 2.0)
+    return 0
+
+  monkeypatch.setattr(reproduce.subprocess, "call", train)
+  assert reproduce.run_queue([pkm, low, full, base, engram], tmp_path, claim=True) == 0
+  assert trained == [pkm.key, base.key, low.key, full.key, engram.key]
+
+
 def test_with_analyze_a_record_without_its_analyses_trains_again(tmp_path, by_key):
   r16 = by_key["bytes/lngram_r16_s1"]
   kept = reproduce.run_dir(r16, reproduce.records_root(tmp_path))
