@@ -87,11 +87,41 @@ def _flags_line(seeds: list[dict]) -> str:
   """The XLA_FLAGS the runs trained under (their stamps), with how many runs each."""
   counts: dict[str, int] = {}
   for s in seeds:
-    flags = s.get("xla_flags") or []
-    key = ("not recorded" if not flags else " + ".join(f"`{f}`" if f else "none"
-                                                         for f in flags))
+    key = _flags_key(s)
     counts[key] = counts.get(key, 0) + 1
   return "XLA_FLAGS " + ", ".join(f"{k} ({n} runs)" for k, n in sorted(counts.items()))
+
+
+def _flags_key(seed_entry: dict) -> str:
+  flags = seed_entry.get("xla_flags") or []
+  return "not recorded" if not flags else " + ".join(f"`{f}`" if f else "none" for f in flags)
+
+
+def flag_mismatches(results: dict) -> str:
+  """The finished runs whose XLA flags differ from the most common flags of their
+  setting and seed: XLA's CPU thread count changes float rounding, so such a run's pairs
+  share init and data but not rounding (DESIGN, run records); empty when none."""
+  notes = []
+  for experiment, arms in results.items():
+    if experiment not in reproduce.SETTINGS:
+      continue
+    by_seed: dict[int, dict[str, list[str]]] = {}
+    for arm, entry in arms.items():
+      for seed, s in entry["seeds"].items():
+        if s["final"] is not None:
+          by_seed.setdefault(seed, {}).setdefault(_flags_key(s), []).append(arm)
+    for seed, groups in sorted(by_seed.items()):
+      if len(groups) < 2:
+        continue
+      common = max(groups, key=lambda k: (len(groups[k]), k != "not recorded"))
+      odd = "; ".join(f"{', '.join(groups[k])} ({k})" for k in groups if k != common)
+      notes.append(f"{experiment} seed {seed}: {odd}, the other {len(groups[common])} "
+                   f"under {common}")
+  if not notes:
+    return ""
+  return ("Runs trained under other XLA flags than the rest of their seed (their pairs share "
+          "the backbone init and the batches, not the float rounding, which adds run-to-run "
+          "noise to those pairs but no bias): " + "; ".join(notes) + ".")
 
 
 def table(experiment: str, arms: dict) -> str:
@@ -325,6 +355,9 @@ def report(root: Path, out: Path) -> str:
     parts += [f"Runs pending ({len(pending)} of {len(reproduce.plan())}; "
               "`python -m experiments.reproduce run`): " + ", ".join(pending), ""]
   parts += [summary(results, root), ""]
+  mismatched = flag_mismatches(results)
+  if mismatched:
+    parts += [mismatched, ""]
   for experiment, arms in results.items():
     if experiment not in reproduce.SETTINGS:   # the VLM rerun has its own table below
       continue

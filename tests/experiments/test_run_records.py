@@ -248,6 +248,17 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   assert reproduce.xla_flags_seen(workdir) == ["", "--a", "--b"]
   line = report._flags_line([{"xla_flags": ["--a"]}, {"xla_flags": ["--a"]}, {}])
   assert line == "XLA_FLAGS `--a` (2 runs), not recorded (1 runs)"
+  # A run whose flags differ from the rest of its seed's is named (its pairs' rounding differs).
+  def seed(flags, final=2.0):
+    return {"final": final, "xla_flags": flags}
+  results = {"bytes": {"baseline": {"seeds": {0: seed(["--a"]), 1: seed(["--a"])}},
+                       "pkm": {"seeds": {0: seed(["--a"]), 1: seed(None)}},
+                       "engram": {"seeds": {0: seed(["--a"]), 1: seed(["--a"], None)}}}}
+  note = report.flag_mismatches(results)
+  assert note.endswith("bytes seed 1: pkm (not recorded), the other 1 under `--a`.")
+  assert "seed 0" not in note and "engram" not in note    # unfinished runs are not counted
+  results["bytes"]["pkm"]["seeds"][1] = seed(["--a"])
+  assert report.flag_mismatches(results) == ""
 
 
 def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tmp_path):
