@@ -84,12 +84,17 @@ def _data_line(results: dict) -> str:
 
 
 def _flags_line(seeds: list[dict]) -> str:
-  """The XLA_FLAGS the runs trained under (their stamps), with how many runs each."""
+  """The XLA_FLAGS the runs trained under and the CPUs they trained on (their stamps),
+  with how many runs each."""
   counts: dict[str, int] = {}
   for s in seeds:
     key = _flags_key(s)
     counts[key] = counts.get(key, 0) + 1
-  return "XLA_FLAGS " + ", ".join(f"{k} ({n} runs)" for k, n in sorted(counts.items()))
+  cpus: dict[str, int] = {}
+  for s in seeds:
+    cpus[_cpus_key(s)] = cpus.get(_cpus_key(s), 0) + 1
+  return ("XLA_FLAGS " + ", ".join(f"{k} ({n} runs)" for k, n in sorted(counts.items()))
+          + "; CPUs " + ", ".join(f"{k} ({n} runs)" for k, n in sorted(cpus.items())))
 
 
 def _flags_key(seed_entry: dict) -> str:
@@ -97,10 +102,15 @@ def _flags_key(seed_entry: dict) -> str:
   return "not recorded" if not flags else " + ".join(f"`{f}`" if f else "none" for f in flags)
 
 
+def _cpus_key(seed_entry: dict) -> str:
+  return " + ".join(seed_entry.get("cpus") or []) or "CPU not recorded"
+
+
 def flag_mismatches(results: dict) -> str:
-  """The finished runs whose XLA flags differ from the most common flags of their
-  setting and seed: XLA's CPU thread count changes float rounding, so such a run's pairs
-  share init and data but not rounding (DESIGN, run records); empty when none."""
+  """The finished runs whose XLA flags or CPU differ from the most common of their
+  setting and seed: XLA's thread count and the CPU's vector ISA change float rounding, so
+  such a run's pairs share init and data but not rounding (DESIGN, run records); empty
+  when none."""
   notes = []
   for experiment, arms in results.items():
     if experiment not in reproduce.SETTINGS:
@@ -109,19 +119,20 @@ def flag_mismatches(results: dict) -> str:
     for arm, entry in arms.items():
       for seed, s in entry["seeds"].items():
         if s["final"] is not None:
-          by_seed.setdefault(seed, {}).setdefault(_flags_key(s), []).append(arm)
+          key = f"{_flags_key(s)} on {_cpus_key(s)}"
+          by_seed.setdefault(seed, {}).setdefault(key, []).append(arm)
     for seed, groups in sorted(by_seed.items()):
       if len(groups) < 2:
         continue
-      common = max(groups, key=lambda k: (len(groups[k]), k != "not recorded"))
+      common = max(groups, key=lambda k: (len(groups[k]), "not recorded" not in k))
       odd = "; ".join(f"{', '.join(groups[k])} ({k})" for k in groups if k != common)
       notes.append(f"{experiment} seed {seed}: {odd}, the other {len(groups[common])} "
                    f"under {common}")
   if not notes:
     return ""
-  return ("Runs trained under other XLA flags than the rest of their seed (their pairs share "
-          "the backbone init and the batches, not the float rounding, which adds run-to-run "
-          "noise to those pairs but no bias): " + "; ".join(notes) + ".")
+  return ("Runs trained under other XLA flags or on another CPU than the rest of their seed "
+          "(their pairs share the backbone init and the batches, not the float rounding, "
+          "which adds run-to-run noise to those pairs but no bias): " + "; ".join(notes) + ".")
 
 
 def table(experiment: str, arms: dict) -> str:

@@ -591,22 +591,55 @@ def _prepare(root: Path, smoke: bool) -> int:
   return 0
 
 
+def _stamped_list(workdir: Path, key: str) -> list[str]:
+  try:
+    values = json.loads((Path(workdir) / STAMP).read_text()).get(key, [])
+  except (OSError, ValueError, AttributeError):
+    return []
+  return [str(v) for v in values] if isinstance(values, list) else []
+
+
 def xla_flags_seen(workdir: Path) -> list[str]:
   """The XLA_FLAGS every attempt at the run trained under, from its stamp ([] if none
   recorded). Float rounding follows XLA's thread count, so runs trained (or resumed) under
   different flags are not bit-comparable; the report prints what the runs used."""
+  return _stamped_list(workdir, "xla_flags")
+
+
+def cpus_seen(workdir: Path) -> list[str]:
+  """The CPUs (`cpu_signature`) every attempt at the run trained on ([] if none recorded):
+  XLA's CPU kernels follow the vector ISA, so one config and seed can end differently on
+  another machine (DESIGN: the byte baseline's seed 0 in two sessions)."""
+  return _stamped_list(workdir, "cpus")
+
+
+def cpu_signature() -> str:
+  """This machine's CPU as far as float rounding goes: its model name and the widest
+  vector ISA XLA can use (avx512 / avx2 / the architecture otherwise)."""
+  import platform
+
+  model, flags = "", set()
   try:
-    flags = json.loads((Path(workdir) / STAMP).read_text()).get("xla_flags", [])
-  except (OSError, ValueError, AttributeError):
-    return []
-  return [str(f) for f in flags] if isinstance(flags, list) else []
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      key, _, value = line.partition(":")
+      if key.strip() == "model name" and not model:
+        model = value.strip()
+      elif key.strip() in ("flags", "Features") and not flags:
+        flags = set(value.split())
+  except OSError:
+    pass
+  isa = next((name for name, flag in (("avx512", "avx512f"), ("avx2", "avx2"))
+              if flag in flags), platform.machine())
+  return f"{model or platform.processor() or platform.machine()} ({isa})"
 
 
 def _train(run: Run, root: Path, smoke: bool) -> int:
   workdir = run_dir(run, root)
   workdir.mkdir(parents=True, exist_ok=True)
   flags = sorted({*xla_flags_seen(workdir), os.environ.get("XLA_FLAGS", "")})
-  (workdir / STAMP).write_text(json.dumps(stamp(run, smoke) | {"xla_flags": flags}) + "\n")
+  cpus = sorted({*cpus_seen(workdir), cpu_signature()})
+  (workdir / STAMP).write_text(json.dumps(stamp(run, smoke) | {"xla_flags": flags,
+                                                               "cpus": cpus}) + "\n")
   command = run.command(root, smoke)
   print(f"run {run.key}: {' '.join(command)}", flush=True)
   code = _call([sys.executable, "-m", "experiments", *command[1:]],

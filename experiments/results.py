@@ -43,7 +43,7 @@ def tokens_per_s(rows: list[dict]) -> float | None:
 
 def collect(root: Path) -> dict:
   """{experiment: {name: {"config", "seeds": {seed: {"final", "per_doc", "curve", "tok_s",
-  "xla_flags", "corpus", "train_s"}}}}} of the runs under `root` that have written
+  "xla_flags", "cpus", "corpus", "train_s"}}}}} of the runs under `root` that have written
   metrics; "per_doc" is the final evaluation per validation document (experiments/data/validation.py) or None."""
   out: dict = defaultdict(dict)
   runs = reproduce.plan()
@@ -67,6 +67,7 @@ def collect(root: Path) -> dict:
     entry["seeds"][run.seed] = {"final": final, "per_doc": per_doc,
                                 "curve": curve, "tok_s": tokens_per_s(rows),
                                 "xla_flags": reproduce.xla_flags_seen(workdir),
+                                "cpus": reproduce.cpus_seen(workdir),
                                 **run_provenance(workdir)}
   return out
 

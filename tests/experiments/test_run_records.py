@@ -246,19 +246,32 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   reproduce._train(pkm, tmp_path, smoke=False)
   workdir = reproduce.run_dir(pkm, tmp_path)
   assert reproduce.xla_flags_seen(workdir) == ["", "--a", "--b"]
-  line = report._flags_line([{"xla_flags": ["--a"]}, {"xla_flags": ["--a"]}, {}])
-  assert line == "XLA_FLAGS `--a` (2 runs), not recorded (1 runs)"
-  # A run whose flags differ from the rest of its seed's is named (its pairs' rounding differs).
-  def seed(flags, final=2.0):
-    return {"final": final, "xla_flags": flags}
+  # ... and the CPU it trained on (resumed elsewhere: both).
+  assert reproduce.cpus_seen(workdir) == [reproduce.cpu_signature()]
+  assert reproduce.cpu_signature().endswith(")")
+  stamp = json.loads((workdir / reproduce.STAMP).read_text())
+  (workdir / reproduce.STAMP).write_text(json.dumps(stamp | {"cpus": ["Other CPU (avx2)"]}))
+  reproduce._train(pkm, tmp_path, smoke=False)
+  assert reproduce.cpus_seen(workdir) == sorted(["Other CPU (avx2)", reproduce.cpu_signature()])
+  line = report._flags_line([{"xla_flags": ["--a"], "cpus": ["X (avx2)"]},
+                             {"xla_flags": ["--a"], "cpus": ["X (avx2)"]}, {}])
+  assert line == ("XLA_FLAGS `--a` (2 runs), not recorded (1 runs); CPUs CPU not recorded "
+                  "(1 runs), X (avx2) (2 runs)")
+  # A run whose flags or CPU differ from the rest of its seed's is named (its pairs'
+  # rounding differs).
+  def seed(flags, final=2.0, cpu="X (avx512)"):
+    return {"final": final, "xla_flags": flags, "cpus": [cpu]}
   results = {"bytes": {"baseline": {"seeds": {0: seed(["--a"]), 1: seed(["--a"])}},
                        "pkm": {"seeds": {0: seed(["--a"]), 1: seed(None)}},
                        "engram": {"seeds": {0: seed(["--a"]), 1: seed(["--a"], None)}}}}
   note = report.flag_mismatches(results)
-  assert note.endswith("bytes seed 1: pkm (not recorded), the other 1 under `--a`.")
+  assert note.endswith("bytes seed 1: pkm (not recorded on X (avx512)), the other 1 under "
+                       "`--a` on X (avx512).")
   assert "seed 0" not in note and "engram" not in note    # unfinished runs are not counted
   results["bytes"]["pkm"]["seeds"][1] = seed(["--a"])
   assert report.flag_mismatches(results) == ""
+  results["bytes"]["pkm"]["seeds"][1] = seed(["--a"], cpu="Y (avx2)")
+  assert "pkm (`--a` on Y (avx2))" in report.flag_mismatches(results)
 
 
 def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tmp_path):
