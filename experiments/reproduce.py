@@ -128,7 +128,11 @@ ARMS = {
 }
 INSERTION_ARMS = ("continued_low", "inserted_low", "continued_full", "inserted_full")
 TOKEN_VOCAB = 4096
-TOKEN_VAL_FRACTION = 0.05
+# The token data's validation split by document hash: 51 of the 734 files, ~145k tokens
+# (~490 KB of source) under repro_lm.TOKEN_VAL_DOC_CAP, the largest file 5.6%. (0.05 gave
+# 31 files, of which difflib.py alone held 20% of the validation tokens.)
+TOKEN_VAL_FRACTION = 0.08
+SMOKE_TOKEN_VAL_FRACTION = 0.3   # the smoke corpus's 24 files must still hold validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +203,7 @@ def preps(root: Path | None = None, smoke: bool = False) -> list[Prep]:
   root = Path(ROOT if root is None else root)
   t = token_root(root)
   vocab = 320 if smoke else TOKEN_VOCAB
-  val = 0.3 if smoke else TOKEN_VAL_FRACTION   # a few files must still hold validation
+  val = SMOKE_TOKEN_VAL_FRACTION if smoke else TOKEN_VAL_FRACTION
   py = "python"   # shown as is; `run` substitutes this interpreter
   corpus = [py, "-m", "experiments.reproduce", "export-corpus", f"--out={t / 'corpus'}"]
   if smoke:
@@ -579,6 +583,13 @@ def _prepare(root: Path, smoke: bool) -> int:
   token_root(root).mkdir(parents=True, exist_ok=True)
   with open(token_root(root) / ".prepare.lock", "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
+    split = prepared_val_fraction(root)
+    wanted = SMOKE_TOKEN_VAL_FRACTION if smoke else TOKEN_VAL_FRACTION
+    if split is not None and split != wanted:
+      print(f"error: the token data under {token_root(root)} holds a validation split of "
+            f"{split:g} (this design: {wanted:g}); move its tok/ and data/ away to prepare "
+            "them again", flush=True)
+      return 2
     for prep in preps(root, smoke):
       if Path(prep.marker).exists():
         continue
@@ -589,6 +600,16 @@ def _prepare(root: Path, smoke: bool) -> int:
         print(f"prepare {prep.key} exited {code}; see its log", flush=True)
         return code
   return 0
+
+
+def prepared_val_fraction(root: Path) -> float | None:
+  """The validation fraction the token data under `root` was prepared with (its
+  manifest's split), or None where none is prepared."""
+  try:
+    manifest = json.loads((token_data(root) / "manifest.json").read_text())
+    return float(manifest["split"]["val_fraction"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
 
 
 def _stamped_list(workdir: Path, key: str) -> list[str]:

@@ -44,6 +44,12 @@ SETTINGS = ("bytes", "tokens")
 BACKBONE = dict(d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=32, ffn_dim=1152)
 TOKEN_DATA = "runs/repro/tokens/data"
 TOKEN_VOCAB = 4096
+# The token setting's validation: the first 8,192 tokens of every validation document
+# (~28 KB of source at ~3.4 bytes a token, near the bytes setting's 32 KB cap). At the
+# base config's 32,768 no document is cut and difflib.py alone held 20% of the tokens;
+# at 8,192 over the 51 documents of `reproduce.TOKEN_VAL_FRACTION` = 0.08: ~145k tokens
+# (~490 KB of source), the largest document 5.6%.
+TOKEN_VAL_DOC_CAP = 8192
 # FFN width of dense_active: 4 layers x 3 x 256 x 60 = 184,320 more parameters, v2
 # r16's 185,472 active ones within 1%.
 DENSE_ACTIVE_FFN = 1152 + 60
@@ -101,6 +107,8 @@ def get_config(arg: str = ""):
     config.optim.backbone_lr = config.optim.lr * 0.05
   if setting == "tokens":
     config.data.update(kind="tokens", path=TOKEN_DATA)
+    if not smoke:
+      config.data.val_doc_cap = TOKEN_VAL_DOC_CAP
     if arm == "engram":   # hash token ids, as the Engram paper does
       config.model.memory.update(vocab_size=TOKEN_VOCAB, case_fold=False)
   if "gpu" in flags:

@@ -306,3 +306,36 @@ def test_queued_runs_share_one_persistent_compilation_cache(tmp_path, monkeypatc
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
   assert reproduce._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
   assert log.read_text().split() == [str((tmp_path / "c").absolute()), str(tmp_path / "mine")]
+
+
+def test_the_token_setting_s_validation_is_capped_and_its_split_checked(tmp_path, capsys,
+                                                                        monkeypatch):
+  """Every token-setting config caps each validation document at TOKEN_VAL_DOC_CAP (at
+  the base's 32,768 one file held 20% of the tokens); token data prepared with another
+  split is refused, not trained on."""
+  from experiments.configs import repro_lm
+
+  for run in reproduce.plan():
+    if run.experiment in reproduce.SETTINGS:
+      c = load_config(f"{reproduce.CONFIGS}/{run.config}")
+      assert c.data.val_doc_cap == (repro_lm.TOKEN_VAL_DOC_CAP if run.experiment == "tokens"
+                                    else 32768), run.key
+  assert load_config(f"{reproduce.CONFIGS}/repro_lm.py:tokens,pkm,smoke").data.val_doc_cap == 256
+  for prep in reproduce.preps(tmp_path)[1:]:
+    assert f"--val_fraction={reproduce.TOKEN_VAL_FRACTION}" in prep.command
+  data = reproduce.token_data(tmp_path)
+  for prep in reproduce.preps(tmp_path):     # every step done, the split another one's
+    (tmp_path / prep.marker).parent.mkdir(parents=True, exist_ok=True)
+  (reproduce.token_root(tmp_path) / "corpus" / ".done").write_text("x")
+  (reproduce.token_root(tmp_path) / "tok" / "tokenizer.json").write_text("{}")
+  (data / "manifest.json").write_text(json.dumps({"split": {"val_fraction": 0.05}}))
+  assert reproduce.prepared_val_fraction(tmp_path) == 0.05
+  calls = []
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  pkm = next(r for r in reproduce.plan() if r.key == "tokens/pkm_s0")
+  assert reproduce.run_queue([pkm], tmp_path) == 2 and not calls
+  assert "validation split of 0.05 (this design: 0.08)" in capsys.readouterr().out
+  (data / "manifest.json").write_text(json.dumps(
+      {"split": {"val_fraction": reproduce.TOKEN_VAL_FRACTION}}))
+  assert reproduce.run_queue([pkm], tmp_path) == 0
+  assert len(calls) == 1 and f"--workdir={tmp_path}/tokens/pkm_s0" in calls[0]

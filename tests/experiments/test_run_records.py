@@ -292,3 +292,20 @@ def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tm
   assert line.startswith("bytes data sha256 abababababababab… (all 2 runs); tokens data "
                          "sha256 0000000000000000…, cdcdcdcdcdcdcdcd… (DIFFERENT across its "
                          "2 runs); tokens tokenizer sha256 efefefefefefefef… (all 2 runs)")
+
+
+def test_the_report_describes_each_setting_s_validation_set():
+  def seed(names, tokens):
+    return {"final": 2.0, "per_doc": {"names": names, "tokens": np.asarray(tokens, float)}}
+  same = {"bytes": {"baseline": {"seeds": {0: seed(["a", "b"], [900, 100])}},
+                    "pkm": {"seeds": {0: seed(["a", "b"], [900, 100]),
+                                      1: {"final": None, "per_doc": None}}}}}
+  line = report.validation_line(same)
+  assert line == ("bytes validation 2 documents, 1,000 scored units, the largest 90.0% "
+                  "(ABOVE the 10% cap)")
+  same["tokens"] = {"pkm": {"seeds": {0: seed([str(i) for i in range(20)], [5] * 20),
+                                      1: seed([str(i) for i in range(10)], [5] * 10)}}}
+  line = report.validation_line(same)
+  assert line.endswith("tokens validation 20 documents, 100 scored units, the largest 5.0% / "
+                       "10 documents, 50 scored units, the largest 10.0% (DIFFERENT sets "
+                       "across its runs: 2)")
