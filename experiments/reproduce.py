@@ -701,27 +701,42 @@ def _trained(run: Run, root: Path) -> None:
 DEADLINE_MARGIN = 1.35
 
 
+# Before any run of PVM's rerun is recorded: its timings on one core (the module docstring).
+VLM_PRIOR_S = {"base": 3600.0, "sft": 1500.0}
+
+
 def expected_train_s(run: Run, root: Path) -> float | None:
   """What training `run` from where its directory stands should take: the median time
   (run_records.train_seconds) of the recorded runs of its arm and setting, else the
-  longest of its setting's (an arm not yet recorded may be the slowest), times the share
-  of its steps still to train, times DEADLINE_MARGIN; None while nothing of the setting
-  is recorded."""
-  def spent(same_arm: bool) -> list[float]:
+  longest of its setting's (an arm not yet recorded may be the slowest), else (a setting
+  with nothing recorded yet) the longest of its arm in the other LM setting, else of any LM
+  run, and for the VLM rerun its one-core timings (VLM_PRIOR_S); times the share of its
+  steps still to train, times DEADLINE_MARGIN. None when nothing applies."""
+  def spent(same_arm: bool, same_setting: bool) -> list[float]:
     found = []
     for other in plan():
-      if other.experiment == run.experiment and (not same_arm or other.name == run.name):
-        seconds = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
-        if seconds is not None and recorded(other, root):
-          found.append(float(seconds))
+      if same_setting and other.experiment != run.experiment:
+        continue
+      if not same_setting and (other.experiment not in SETTINGS
+                               or run.experiment not in SETTINGS):
+        continue
+      if same_arm and other.name != run.name:
+        continue
+      seconds = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
+      if seconds is not None and recorded(other, root):
+        found.append(float(seconds))
     return found
-  same_arm, setting = spent(True), spent(False)
+  same_arm = spent(True, True)
   if same_arm:
     typical = sorted(same_arm)[len(same_arm) // 2]
-  elif setting:
-    typical = max(setting)
   else:
-    return None
+    found = spent(False, True) or spent(True, False) or spent(False, False)
+    if found:
+      typical = max(found)
+    elif run.experiment == VLM:
+      typical = VLM_PRIOR_S["base" if run.name == "base" else "sft"]
+    else:
+      return None
   rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
   left = 1.0 - min(max((int(rows[-1]["step"]) if rows else 0) / max(steps(run), 1), 0.0), 1.0)
   return typical * left * DEADLINE_MARGIN

@@ -185,7 +185,15 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
                            reproduce.run_dir(pkm1, reproduce.records_root(tmp_path)))
   margin = reproduce.DEADLINE_MARGIN
   assert reproduce.expected_train_s(pkm0, tmp_path) == pytest.approx(600.0 * margin)
-  assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path) is None   # no record
+  # Nothing of the token setting recorded: its arm's time on bytes; of an arm not
+  # recorded anywhere, the longest LM run; the VLM rerun's one-core timings.
+  assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path) == pytest.approx(
+      600.0 * margin)
+  assert reproduce.expected_train_s(by_key["vlm_long/base_s0"], tmp_path) == pytest.approx(
+      reproduce.VLM_PRIOR_S["base"] * margin)
+  assert reproduce.expected_train_s(by_key["vlm_long/sft_mlp_s1"], tmp_path) == pytest.approx(
+      reproduce.VLM_PRIOR_S["sft"] * margin)
+  assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path / "none") is None
   # An arm not yet recorded: the setting's longest run.
   engram = by_key["bytes/engram_s0"]
   run_records.write_record(_finished(tmp_path / "elsewhere", engram, 2.0),
@@ -195,6 +203,8 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
   assert reproduce.expected_train_s(by_key["bytes/sparse_ffn_s0"], tmp_path) == pytest.approx(
       900.0 * margin)
   assert reproduce.expected_train_s(pkm0, tmp_path) == pytest.approx(600.0 * margin)
+  assert reproduce.expected_train_s(by_key["tokens/sparse_ffn_s0"], tmp_path) == pytest.approx(
+      900.0 * margin)
   # Half trained here: half the time left.
   half = reproduce.run_dir(pkm2, tmp_path)
   half.mkdir(parents=True)
