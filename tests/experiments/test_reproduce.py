@@ -313,13 +313,10 @@ def test_the_token_setting_s_validation_is_capped_and_its_split_checked(tmp_path
   """Every token-setting config caps each validation document at TOKEN_VAL_DOC_CAP (at
   the base's 32,768 one file held 20% of the tokens); token data prepared with another
   split is refused, not trained on."""
-  from experiments.configs import repro_lm
-
   for run in reproduce.plan():
     if run.experiment in reproduce.SETTINGS:
       c = load_config(f"{reproduce.CONFIGS}/{run.config}")
-      assert c.data.val_doc_cap == (repro_lm.TOKEN_VAL_DOC_CAP if run.experiment == "tokens"
-                                    else 32768), run.key
+      assert c.data.val_doc_cap == (8192 if run.experiment == "tokens" else 32768), run.key
   assert load_config(f"{reproduce.CONFIGS}/repro_lm.py:tokens,pkm,smoke").data.val_doc_cap == 256
   for prep in reproduce.preps(tmp_path)[1:]:
     assert f"--val_fraction={reproduce.TOKEN_VAL_FRACTION}" in prep.command
