@@ -28,8 +28,8 @@ counts a recorded run as done (`list` marks one without its checkpoint here), so
 outlive the machine that trained them; a recorded run trains again only where its
 checkpoint is needed here (a run starting from it is not done, or with `--analyze` its
 record lacks analyses). The runs that start from another (insertion, Stage I) train
-right after it, so that its checkpoint is used before the machine is gone. `record` writes the records of finished runs that have none (a
-queue of an older version). A queue under another `--root` keeps its records in
+right after it, so that its checkpoint is used before the machine is gone. `record`
+writes the records of finished runs that have none (a queue of an older version). A queue under another `--root` keeps its records in
 `<root>/records`. `--until=+MINUTES` (or an ISO date-time) starts no run that its arm's
 recorded training time says would end later, so a queue on a machine lent for a fixed
 time leaves no half-trained run behind.
