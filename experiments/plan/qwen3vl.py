@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments.plan.accounting import param_count, train_flops
+from experiments.plan.accounting import macs_per_token, param_count, train_flops
 from experiments.trainer import optimizer as optim_lib
 from experiments.trainer import placement as mesh_lib
 from experiments.trainer import step as step_lib
@@ -191,15 +191,22 @@ def qwen3vl_train_flops(mc, geo: dict) -> dict[str, float]:
 
 def _frozen_text_flops(model, lowest: int, *, rows: int, seq_len: int) -> float:
   """The frozen decoder of Stage I (qwen3vl_train_flops): layers 0..lowest forward only,
-  the layers above with input gradients (remat: and a second forward)."""
-  D, L = model.d_model, model.n_layers
-  Hq, Hkv, Dh = model.n_heads, model.n_kv_heads, model.head_dim
-  layer = D * Hq * Dh + 2 * D * Hkv * Dh + Hq * Dh * D + 3 * D * model.ffn_dim
-  core = 2 * seq_len * Hq * Dh   # scores and values, per token
+  the layers above with input gradients (remat: and a second forward). Per-layer
+  multiply-adds come from accounting.macs_per_token (the Qwen3-VL decoders are dense, so
+  every layer costs the same)."""
+  if getattr(model, "moe_layers", ()):
+    raise ValueError("Stage-I FLOPs assume a dense decoder; this one has MoE layers")
+  macs = macs_per_token(model)
+  unembed = model.d_model * model.vocab_size
+  L = model.n_layers
+  if not 0 <= lowest < L:
+    raise ValueError(f"the lowest PVM branch layer {lowest} is outside the decoder's {L} layers")
+  layer = (macs["matmul"] - unembed) // L
+  core = 2 * seq_len * macs["attention"]   # scores and values, per token
   above = L - 1 - lowest
   rerun = 2 if model.remat else 0
   per_token = (2 * L * (layer + core) + above * ((2 + rerun) * layer + (4 + rerun) * core)
-               + 4 * D * model.vocab_size)
+               + 4 * unembed)
   return float(per_token * rows * seq_len)
 
 
