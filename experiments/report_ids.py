@@ -60,6 +60,27 @@ def _g4(x) -> str:
   return f"{x:.4g}"
 
 
+# ρ's denominator is the hidden state's excess AP over the reader. Where H_model is at or
+# below that reader in more than this share of the document resamples (the excess's 95%
+# bootstrap interval reaches 0), the denominator is resampling noise and ρ can take any
+# value (a −2,109% has been measured): such a ρ is printed in parentheses, marked
+# unresolved, and counted with the undefined ones, not in a verdict.
+UNRESOLVED_SHARE = 0.025
+
+
+def _unresolved(result: dict, layer: str, level: str, key: str) -> bool:
+  """True where `key`'s bootstrap left more than UNRESOLVED_SHARE of its resamples undefined."""
+  count = _get(result, "layers", layer, "bootstrap", level, f"{key}_undefined")
+  n_boot = result.get("n_boot")
+  return bool(n_boot and count is not None and count > UNRESOLVED_SHARE * n_boot)
+
+
+def _rho(result: dict, layer: str, level: str, key: str):
+  """result's ρ (`key`: "rho" or "rho_surface") where it is defined and resolved, else None."""
+  value = _get(result, "layers", layer, key, level)
+  return None if _unresolved(result, layer, level, key) else value
+
+
 # The analysed arms (by run name, in every experiment / setting of the queue): every
 # finished seed of each, never only the best-loss run; and the random-router control
 # (the same Lngram with its router frozen at init, `optim.freeze`).
@@ -166,8 +187,9 @@ def _utilisation_paper() -> str:
 
 
 def _id_knn_ours(results: list[dict]) -> str:
-  rhos = [v for r in results for v in _values(r, "rho")]
-  surf = [v for r in results for v in _values(r, "rho_surface")] if all(
+  rhos = [_rho(r, layer, level, "rho") for r in results for layer, level, _ in _settings(r, "rho")]
+  surf = [_rho(r, layer, level, "rho_surface") for r in results
+          for layer, level, _ in _settings(r, "rho_surface")] if all(
       "rho_surface" in row for r in results for row in r["layers"].values()) else []
   ps = [_get(r, "layers", layer, "permutation", level, "p") for r in results
         for layer, level, _ in _settings(r, "rho")]
@@ -217,12 +239,18 @@ TABLE_READERS = ("H_model", "Q_route", "ID", "nuisance", "surface", "surface_byt
 
 
 def _rho_cell(results: list[dict], layer: str, level: str, key: str) -> str:
-  values = [_get(r, "layers", layer, key, level) for r in results]
+  raw = [_get(r, "layers", layer, key, level) for r in results]
+  unresolved = [v is not None and _unresolved(r, layer, level, key)
+                for r, v in zip(results, raw)]
   if len(results) == 1:
+    if unresolved[0]:
+      return f"({_pct(raw[0])}) unresolved"
     ci = _get(results[0], "layers", layer, "bootstrap", level, key)
-    if values[0] is not None and ci and None not in ci:
-      return f"{_pct(values[0])} [{_pct(ci[0])}, {_pct(ci[1])}]"
-  return _mean_sd(values)
+    if raw[0] is not None and ci and None not in ci:
+      return f"{_pct(raw[0])} [{_pct(ci[0])}, {_pct(ci[1])}]"
+  cell = _mean_sd([_rho(r, layer, level, key) for r in results])
+  return cell + (f" ({sum(unresolved)} seed{'s' if sum(unresolved) > 1 else ''} unresolved)"
+                 if any(unresolved) else "")
 
 
 def _id_knn_table(groups: list[dict]) -> str:
@@ -310,7 +338,10 @@ def id_section(root: Path) -> str:
               f"{', '.join(map(str, steps))}."]
   if any(_results(g, "id_knn") for g in groups):
     lines += ["", "ID-KNN per setting (mean AP per reader; ρ with its 95% bootstrap CI for "
-              "one seed, mean ± sd over seeds; p: the permutation test's range over seeds):",
+              "one seed, mean ± sd over seeds; p: the permutation test's range over seeds; "
+              "ρ unresolved: H_model at or below that reader in more than "
+              f"{100 * UNRESOLVED_SHARE:g}% of the document resamples, so its denominator is "
+              "noise; not counted in a verdict):",
               "", _guarded(_id_knn_table, groups)]
     above = [f"{_label(g)} layer {layer} {level}" for g in groups for k in _results(g, "id_knn")[:1]
              for layer, level, _ in _guarded_settings(k)
@@ -435,13 +466,15 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
 
   def rho_means(ks, key):
     """Per (layer, level) setting: the mean over one arm's seeds of `key` where it is
-    defined; None where no seed defines it (the hidden state does not beat the reader,
-    so ρ has no positive denominator: `id_readers.rho`). Raises KeyError where a seed's
+    defined and resolved; None where no seed has it so (the hidden state does not beat the
+    reader, so ρ has no positive denominator: `id_readers.rho`; or only within resampling
+    noise: `_unresolved`). Raises KeyError where a seed's
     analysis lacks `key` altogether (one from before the surface readers)."""
     out = []
     for layer, level, _ in _settings(ks[0], "rho"):
-      values = [k["layers"][layer][key][level] for k in ks]
-      values = [v for v in values if v is not None]
+      k_values = [k["layers"][layer][key][level] for k in ks]   # KeyError: see above
+      values = [v for k, v in zip(ks, k_values) if v is not None and not _unresolved(
+          k, layer, level, key)]
       out.append(sum(values) / len(values) if values else None)
     return out
 
@@ -467,8 +500,9 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
     flat = [v for m in means.values() for v in m]
     defined = [v for v in flat if v is not None]
     undefined = len(flat) - len(defined)
-    note = (f"; undefined in {undefined}/{len(flat)} (the hidden state does not beat that "
-            "reader in any seed, so nothing is there to retain)" if undefined else "")
+    note = (f"; undefined in {undefined}/{len(flat)} (in no seed does the hidden state beat "
+            "that reader beyond resampling noise, so nothing is there to retain)"
+            if undefined else "")
     if not defined:
       rows.append((claim, paper, ours, f"not evaluable: {label} undefined in every arm × "
                    "setting (the hidden state never beats that reader)"))

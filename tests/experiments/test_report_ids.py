@@ -134,6 +134,38 @@ def test_an_undefined_rho_is_not_a_missing_analysis(fake_root):
   assert verdict.startswith("not evaluable: ρ vs best surface undefined in every arm")
 
 
+def test_a_rho_over_a_noise_denominator_is_unresolved(fake_root):
+  """H_model barely above the surface reader: ρ vs best surface is huge and meaningless.
+  Where more than 2.5% of the document resamples leave it undefined it is printed in
+  parentheses and counted with the undefined ones; ρ vs nuisance is untouched."""
+  root, write = fake_root
+  result = _id_knn(0.36)
+  result["n_boot"] = 500
+  result["layers"]["1"]["rho_surface"]["document"] = -21.09
+  result["layers"]["1"]["bootstrap"]["document"]["rho_surface_undefined"] = 265
+  result["layers"]["1"]["bootstrap"]["local"]["rho_surface_undefined"] = 12   # 2.4%: kept
+  write("bytes/lngram_r64_s0", "id_knn", result)
+  text = report_ids.id_section(root)
+  assert "| bytes/lngram_r64 (1) | 1 | document |" in text
+  assert "(-2109.00%) unresolved" in text and "73.33% [-20.00%, 50.00%]" in text
+  claims = {c: (ours, v) for c, _, ours, v in report_ids.id_claims(root)}
+  ours, verdict = claims["... and over the best surface reader (bytes alone)"]
+  assert "-2109" not in ours and "bytes/lngram_r64 (n=1) mean ρ vs best surface per setting 73.33%" in ours
+  assert verdict.endswith("in 1/3 arm × settings where it is defined; undefined in 1/4 (in no "
+                          "seed does the hidden state beat that reader beyond resampling noise, "
+                          "so nothing is there to retain)")
+  # Over seeds: the unresolved seed is left out of the mean and named in the cell.
+  for s, ap in enumerate((0.30, 0.32, 0.34)):
+    r16 = _id_knn(ap)
+    r16["n_boot"] = 500
+    if s == 0:
+      r16["layers"]["1"]["rho_surface"]["local"] = 9.0
+      r16["layers"]["1"]["bootstrap"]["local"]["rho_surface_undefined"] = 100
+    write(f"bytes/lngram_r16_s{s}", "id_knn", r16)
+  text = report_ids.id_section(root)
+  assert "53.33% ± 9.43% (1 seed unresolved)" in text
+
+
 def test_older_results_print_without_the_new_columns(fake_root):
   root, write = fake_root
   old = _id_knn(0.3, boot=False, protocol=False)
