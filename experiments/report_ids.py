@@ -241,7 +241,7 @@ TABLE_READERS = ("H_model", "Q_route", "ID", "nuisance", "surface", "surface_byt
 def _rho_cell(results: list[dict], layer: str, level: str, key: str) -> str:
   raw = [_get(r, "layers", layer, key, level) for r in results]
   unresolved = [v is not None and _unresolved(r, layer, level, key)
-                for r, v in zip(results, raw)]
+                for r, v in zip(results, raw, strict=True)]
   if len(results) == 1:
     if unresolved[0]:
       return f"({_pct(raw[0])}) unresolved"
@@ -473,7 +473,7 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
     out = []
     for layer, level, _ in _settings(ks[0], "rho"):
       k_values = [k["layers"][layer][key][level] for k in ks]   # KeyError: see above
-      values = [v for k, v in zip(ks, k_values) if v is not None and not _unresolved(
+      values = [v for k, v in zip(ks, k_values, strict=True) if v is not None and not _unresolved(
           k, layer, level, key)]
       out.append(sum(values) / len(values) if values else None)
     return out

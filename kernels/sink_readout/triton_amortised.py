@@ -44,8 +44,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.sink_readout.common import MASK_VALUE, triton_pad
-from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, compiler_params
+from kernels.sink_readout.common import MASK_VALUE
+from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, launch_backward, launch_forward
 
 
 class _Block:
@@ -159,39 +159,16 @@ def _backward_kernel(q_ref, mem_ref, out_ref, lse_ref, dout_ref, dlse_ref, dq_re
   blk.store_heads(dq_ref, scale * dq_MxD)
 
 
-def _tile_specs(BT, Hq, R, Dr, block_n, block_r):
-  """As `triton_gpu._tile_specs`; block_n is a power of 2 here (it is a tile side)."""
-  hp, dp = triton_pad(Hq), triton_pad(Dr)
-  rp = pl.cdiv(R, block_r) * block_r
-  heads = pl.BlockSpec((block_n, hp, dp), lambda i: (i, 0, 0))
-  routes = pl.BlockSpec((block_n, rp, dp), lambda i: (i, 0, 0))
-  stats = pl.BlockSpec((block_n, hp), lambda i: (i, 0))
-  return (pl.cdiv(BT, block_n),), heads, routes, stats, hp, dp
-
-
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_n", "block_r", "num_warps", "num_stages", "interpret"))
 def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
             num_warps=None, num_stages=2, interpret=False):
-  """(out_BTxHqxDr, lse_BTxHq), as `triton_gpu.forward`. No input checks here."""
-  BT, Hq, Dr = q_BTxHqxDr.shape
-  R = mem_BTxRxDr.shape[1]
-  grid, heads, routes, stats, hp, dp = _tile_specs(BT, Hq, R, Dr, block_n, block_r)
-  kernel = functools.partial(
-      _forward_kernel, scale=float(scale), n_tokens=BT, heads=Hq, routes=R, dim=Dr,
-      block_n=block_n, block_r=block_r)
-  sink_M = jnp.full((block_n * hp,), sink_logit, jnp.float32)
-  return pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=[pl.BlockSpec((block_n * hp,), lambda i: (0,)), heads, routes],
-      out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
-      compiler_params=compiler_params(num_warps, num_stages, dp),
-      interpret=interpret,
-      name="sink_readout_token_block_fwd",
-  )(sink_M, q_BTxHqxDr, mem_BTxRxDr)
+  """(out_BTxHqxDr, lse_BTxHq), as `triton_gpu.forward` (block_n a power of 2 here: it is
+  a tile side; the sink comes in one row per token of the block). No input checks here."""
+  return launch_forward(_forward_kernel, "sink_readout_token_block_fwd", q_BTxHqxDr,
+                        mem_BTxRxDr, sink_logit=sink_logit, sink_rows=block_n, scale=scale,
+                        block_n=block_n, block_r=block_r, num_warps=num_warps,
+                        num_stages=num_stages, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -199,21 +176,7 @@ def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
 def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dlse_BTxHq, *,
              scale, block_n, block_r, num_warps=None, num_stages=2, interpret=False):
   """(dq_BTxHqxDr, dmem_BTxRxDr), as `triton_gpu.backward`."""
-  BT, Hq, Dr = q_BTxHqxDr.shape
-  R = mem_BTxRxDr.shape[1]
-  grid, heads, routes, stats, _, dp = _tile_specs(BT, Hq, R, Dr, block_n, block_r)
-  kernel = functools.partial(
-      _backward_kernel, scale=float(scale), n_tokens=BT, heads=Hq, routes=R, dim=Dr,
-      block_n=block_n, block_r=block_r)
-  return pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=[heads, routes, heads, stats, heads, stats],
-      out_specs=[heads, routes],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
-      compiler_params=compiler_params(num_warps, num_stages, dp),
-      interpret=interpret,
-      name="sink_readout_token_block_bwd",
-  )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
-    dlse_BTxHq.astype(jnp.float32))
+  return launch_backward(_backward_kernel, "sink_readout_token_block_bwd", q_BTxHqxDr,
+                         mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dlse_BTxHq,
+                         scale=scale, block_n=block_n, block_r=block_r,
+                         num_warps=num_warps, num_stages=num_stages, interpret=interpret)

@@ -141,14 +141,66 @@ def compiler_params(num_warps, num_stages, padded_dim):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def _tile_specs(BT, Hq, R, Dr, block_n, block_r):
-  """Block specs over token blocks; tiles padded for Triton, masked in the kernel."""
+def tile_specs(BT, Hq, R, Dr, block_n, block_r):
+  """Block specs over token blocks; tiles padded for Triton, masked in the kernel.
+  (grid, heads, routes, stats, padded heads, padded features)."""
   hp, dp = triton_pad(Hq), triton_pad(Dr)
   rp = pl.cdiv(R, block_r) * block_r
   heads = pl.BlockSpec((block_n, hp, dp), lambda i: (i, 0, 0))
   routes = pl.BlockSpec((block_n, rp, dp), lambda i: (i, 0, 0))
   stats = pl.BlockSpec((block_n, hp), lambda i: (i, 0))
-  return (pl.cdiv(BT, block_n),), heads, routes, stats, dp
+  return (pl.cdiv(BT, block_n),), heads, routes, stats, hp, dp
+
+
+def _bind(kernel_fn, q_BTxHqxDr, mem_BTxRxDr, *, scale, block_n, block_r):
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  return functools.partial(kernel_fn, scale=float(scale), n_tokens=BT, heads=Hq,
+                           routes=mem_BTxRxDr.shape[1], dim=Dr, block_n=block_n,
+                           block_r=block_r)
+
+
+def launch_forward(kernel_fn, name, q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, sink_rows,
+                   scale, block_n, block_r, num_warps, num_stages, interpret):
+  """(out_BTxHqxDr, lse_BTxHq) of a forward kernel over `tile_specs`' grid. Its first
+  input is the sink logit repeated over sink_rows x padded heads (float32)."""
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  grid, heads, routes, stats, hp, dp = tile_specs(BT, Hq, mem_BTxRxDr.shape[1], Dr, block_n,
+                                                  block_r)
+  sink = jnp.full((sink_rows * hp,), sink_logit, jnp.float32)
+  return pl.pallas_call(
+      _bind(kernel_fn, q_BTxHqxDr, mem_BTxRxDr, scale=scale, block_n=block_n,
+            block_r=block_r),
+      grid=grid,
+      in_specs=[pl.BlockSpec((sink_rows * hp,), lambda i: (0,)), heads, routes],
+      out_specs=[heads, stats],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
+      compiler_params=compiler_params(num_warps, num_stages, dp),
+      interpret=interpret,
+      name=name,
+  )(sink, q_BTxHqxDr, mem_BTxRxDr)
+
+
+def launch_backward(kernel_fn, name, q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq,
+                    dout_BTxHqxDr, dlse_BTxHq, *, scale, block_n, block_r, num_warps,
+                    num_stages, interpret):
+  """(dq_BTxHqxDr, dmem_BTxRxDr) of a backward kernel over `tile_specs`' grid."""
+  BT, Hq, Dr = q_BTxHqxDr.shape
+  grid, heads, routes, stats, _, dp = tile_specs(BT, Hq, mem_BTxRxDr.shape[1], Dr, block_n,
+                                                 block_r)
+  return pl.pallas_call(
+      _bind(kernel_fn, q_BTxHqxDr, mem_BTxRxDr, scale=scale, block_n=block_n,
+            block_r=block_r),
+      grid=grid,
+      in_specs=[heads, routes, heads, stats, heads, stats],
+      out_specs=[heads, routes],
+      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
+      compiler_params=compiler_params(num_warps, num_stages, dp),
+      interpret=interpret,
+      name=name,
+  )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
+    dlse_BTxHq.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -159,25 +211,10 @@ def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
 
   sink_logit may be a Python float or a traced float32 scalar.
   """
-  BT, Hq, Dr = q_BTxHqxDr.shape
-  R = mem_BTxRxDr.shape[1]
-  grid, heads, routes, stats, dp = _tile_specs(BT, Hq, R, Dr, block_n, block_r)
-  hp = stats.block_shape[1]
-  kernel = functools.partial(
-      _forward_kernel, scale=float(scale), n_tokens=BT, heads=Hq, routes=R, dim=Dr,
-      block_n=block_n, block_r=block_r)
-  sink_Hp = jnp.full((hp,), sink_logit, jnp.float32)
-  return pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=[pl.BlockSpec((hp,), lambda i: (0,)), heads, routes],
-      out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
-      compiler_params=compiler_params(num_warps, num_stages, dp),
-      interpret=interpret,
-      name="sink_readout_fwd",
-  )(sink_Hp, q_BTxHqxDr, mem_BTxRxDr)
+  return launch_forward(_forward_kernel, "sink_readout_fwd", q_BTxHqxDr, mem_BTxRxDr,
+                        sink_logit=sink_logit, sink_rows=1, scale=scale, block_n=block_n,
+                        block_r=block_r, num_warps=num_warps, num_stages=num_stages,
+                        interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -185,21 +222,7 @@ def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r,
 def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dlse_BTxHq, *,
              scale, block_n, block_r, num_warps=None, num_stages=2, interpret=False):
   """(dq_BTxHqxDr, dmem_BTxRxDr) by the Triton backward kernel."""
-  BT, Hq, Dr = q_BTxHqxDr.shape
-  R = mem_BTxRxDr.shape[1]
-  grid, heads, routes, stats, dp = _tile_specs(BT, Hq, R, Dr, block_n, block_r)
-  kernel = functools.partial(
-      _backward_kernel, scale=float(scale), n_tokens=BT, heads=Hq, routes=R, dim=Dr,
-      block_n=block_n, block_r=block_r)
-  return pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=[heads, routes, heads, stats, heads, stats],
-      out_specs=[heads, routes],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
-      compiler_params=compiler_params(num_warps, num_stages, dp),
-      interpret=interpret,
-      name="sink_readout_bwd",
-  )(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr,
-    dlse_BTxHq.astype(jnp.float32))
+  return launch_backward(_backward_kernel, "sink_readout_bwd", q_BTxHqxDr, mem_BTxRxDr,
+                         out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dlse_BTxHq, scale=scale,
+                         block_n=block_n, block_r=block_r, num_warps=num_warps,
+                         num_stages=num_stages, interpret=interpret)
