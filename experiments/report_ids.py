@@ -248,7 +248,7 @@ def _rho_cell(results: list[dict], layer: str, level: str, key: str) -> str:
     ci = _get(results[0], "layers", layer, "bootstrap", level, key)
     if raw[0] is not None and ci and None not in ci:
       return f"{_pct(raw[0])} [{_pct(ci[0])}, {_pct(ci[1])}]"
-  cell = _mean_sd([_rho(r, layer, level, key) for r in results])
+  cell = _mean_sd([None if u else v for v, u in zip(raw, unresolved, strict=True)])
   return cell + (f" ({sum(unresolved)} seed{'s' if sum(unresolved) > 1 else ''} unresolved)"
                  if any(unresolved) else "")
 
@@ -472,9 +472,9 @@ def id_claims(root: Path) -> list[tuple[str, str, str, str]]:
     analysis lacks `key` altogether (one from before the surface readers)."""
     out = []
     for layer, level, _ in _settings(ks[0], "rho"):
-      k_values = [k["layers"][layer][key][level] for k in ks]   # KeyError: see above
-      values = [v for k, v in zip(ks, k_values, strict=True) if v is not None and not _unresolved(
-          k, layer, level, key)]
+      for k in ks:
+        k["layers"][layer][key][level]   # KeyError: see above
+      values = [v for v in (_rho(k, layer, level, key) for k in ks) if v is not None]
       out.append(sum(values) / len(values) if values else None)
     return out
 

@@ -29,10 +29,10 @@ outlive the machine that trained them; a recorded run trains again only where it
 checkpoint is needed here (a run starting from it is not done, or with `--analyze` its
 record lacks analyses). The runs that start from another (insertion, Stage I) train
 right after it, so that its checkpoint is used before the machine is gone. `record`
-writes the records of finished runs that have none (a queue of an older version). A queue under another `--root` keeps its records in
-`<root>/records`. `--until=+MINUTES` (or an ISO date-time) starts no run that its arm's
-recorded training time says would end later, so a queue on a machine lent for a fixed
-time leaves no half-trained run behind.
+writes the records of finished runs that have none (a queue of an older version). A queue
+under another `--root` keeps its records in `<root>/records`. `--until=+MINUTES` (or an
+ISO date-time) starts no run that its arm's recorded training time says would end later,
+so a queue on a machine lent for a fixed time leaves no half-trained run behind.
 
 A run directory holds `repro.json` (this design's version, written before training):
 a directory without it, or of another version, is STALE (runs of the older unpaired
