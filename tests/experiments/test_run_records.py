@@ -265,8 +265,8 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   assert reproduce.cpus_seen(workdir) == sorted(["Other CPU (avx2)", reproduce.cpu_signature()])
   line = report._flags_line([{"xla_flags": ["--a"], "cpus": ["X (avx2)"]},
                              {"xla_flags": ["--a"], "cpus": ["X (avx2)"]}, {}])
-  assert line == ("XLA_FLAGS `--a` (2 runs), not recorded (1 runs); CPUs CPU not recorded "
-                  "(1 runs), X (avx2) (2 runs)")
+  assert line == ("XLA_FLAGS `--a` (2 runs), not recorded (1 run); CPUs CPU not recorded "
+                  "(1 run), X (avx2) (2 runs)")
   # A run whose flags or CPU differ from the rest of its seed's is named (its pairs'
   # rounding differs).
   def seed(flags, final=2.0, cpu="X (avx512)"):
