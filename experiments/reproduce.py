@@ -63,10 +63,13 @@ and ~6 s/step once all counts are in, so ~1 h a base; ~2 s/step for Stage I (bat
 `--smoke` runs the same queue with every config's `smoke` arg (seconds per run) under
 `--root` (default runs/repro_smoke): it checks the queue end to end.
 
-Cost (estimated in RESULTS.md from a 40-step timing and the d = 128 runs): about 15-20
-min a 600-step run on an idle 2-core machine, so ~14 h for the 57 runs of bytes and ~11 h
-for the 33 of tokens on 2 cores, ~3-4 h each on 8 cores with four `--claim` processes; the
-`gpu` config arg runs the same comparison bigger on an accelerator. On 2 cores, two processes pinned
+Cost: `list` ends with the counts and the core-hours of training left, by the recorded
+times of each arm scaled to this machine's speed (`expected_train_s`, `speed_factor`):
+13-37 min of steps a 600-step byte run and 16-29 min a token run, on one core of a
+2-core machine beside another run, plus ~35% for start-up, evaluations and checkpoints
+(~33 core-hours for the 64 runs left on 2026-12-02 at those times, ~9 of them for the 12
+of `vlm_long`; the 2-core machine of that day trained ~1.6x faster); the `gpu` config
+arg runs the same comparison bigger on an accelerator. On 2 cores, two processes pinned
 to a core each with single-threaded XLA (`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
 intra_op_parallelism_threads=1" taskset -c I python -m experiments.reproduce run --claim`,
 I = 0, 1) train ~12% more steps per second than one queue on both cores (one Lngram v2
@@ -705,41 +708,78 @@ DEADLINE_MARGIN = 1.35
 VLM_PRIOR_S = {"base": 3600.0, "sft": 1500.0}
 
 
-def expected_train_s(run: Run, root: Path) -> float | None:
-  """What training `run` from where its directory stands should take: the median time
-  (run_records.train_seconds) of the recorded runs of its arm and setting, else the
+def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float | None:
+  """What training `run` from where its directory stands should take, x DEADLINE_MARGIN:
+  a run with steps logged here, its own step time x the steps left; else the median
+  time (run_records.train_seconds) of the recorded runs of its arm and setting, else the
   longest of its setting's (an arm not yet recorded may be the slowest), else (a setting
-  with nothing recorded yet) the longest of its arm in the other LM setting, else of any LM
-  run, and for the VLM rerun its one-core timings (VLM_PRIOR_S); times the share of its
-  steps still to train, times DEADLINE_MARGIN. None when nothing applies."""
-  def spent(same_arm: bool, same_setting: bool) -> list[float]:
-    found = []
-    for other in plan():
-      if same_setting and other.experiment != run.experiment:
-        continue
-      if not same_setting and (other.experiment not in SETTINGS
-                               or run.experiment not in SETTINGS):
-        continue
-      if same_arm and other.name != run.name:
-        continue
-      seconds = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
-      if seconds is not None and recorded(other, root):
-        found.append(float(seconds))
-    return found
-  same_arm = spent(True, True)
+  with nothing recorded yet) the longest of its arm in the other LM setting, else of any
+  LM run, and for the VLM rerun its one-core timings (VLM_PRIOR_S); times this
+  machine's `speed_factor` (`factor`, computed when None), times the share of its steps
+  still to train. None when nothing applies."""
+  rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
+  done_steps = min(max(int(rows[-1]["step"]) if rows else 0, 0), steps(run))
+  if run.experiment in SETTINGS:
+    own = run_records.step_time(run_dir(run, root))
+    if own is not None:
+      return own * (steps(run) - done_steps) * DEADLINE_MARGIN
+  same_arm = _recorded_seconds(run, root, same_arm=True, same_setting=True)
   if same_arm:
     typical = sorted(same_arm)[len(same_arm) // 2]
   else:
-    found = spent(False, True) or spent(True, False) or spent(False, False)
+    found = (_recorded_seconds(run, root, same_arm=False, same_setting=True)
+             or _recorded_seconds(run, root, same_arm=True, same_setting=False)
+             or _recorded_seconds(run, root, same_arm=False, same_setting=False))
     if found:
       typical = max(found)
     elif run.experiment == VLM:
       typical = VLM_PRIOR_S["base" if run.name == "base" else "sft"]
     else:
       return None
-  rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
-  left = 1.0 - min(max((int(rows[-1]["step"]) if rows else 0) / max(steps(run), 1), 0.0), 1.0)
-  return typical * left * DEADLINE_MARGIN
+  left = 1.0 - done_steps / max(steps(run), 1)
+  factor = speed_factor(root) if factor is None else factor
+  return typical * factor * left * DEADLINE_MARGIN
+
+
+def _recorded_seconds(run: Run, root: Path, *, same_arm: bool, same_setting: bool,
+                      but: str | None = None) -> list[float]:
+  """The recorded training times (`run_records.run_provenance`) of the runs of `run`'s
+  arm and/or setting (an LM run: the LM settings only), leaving out the run `but`."""
+  found = []
+  for other in plan():
+    if other.key == but:
+      continue
+    if same_setting and other.experiment != run.experiment:
+      continue
+    if not same_setting and (other.experiment not in SETTINGS
+                             or run.experiment not in SETTINGS):
+      continue
+    if same_arm and other.name != run.name:
+      continue
+    seconds = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
+    if seconds is not None and recorded(other, root):
+      found.append(float(seconds))
+  return found
+
+
+def speed_factor(root: Path) -> float:
+  """How fast this machine trains against the records: the median, over the LM runs with
+  steps logged under `root` (finished or cut, this machine's runs) whose arm has other
+  recorded seeds, of its step time x its steps / the median recorded time of those seeds;
+  1.0 when no run gives a ratio. Records come from whatever machines trained them (the
+  lent machines differ up to ~2x in step time), so the deadline check scales them to
+  this one."""
+  ratios = []
+  for run in plan():
+    if run.experiment not in SETTINGS or stale(run, root):
+      continue
+    own = run_records.step_time(run_dir(run, root))
+    if own is None:
+      continue
+    others = _recorded_seconds(run, root, same_arm=True, same_setting=True, but=run.key)
+    if others:
+      ratios.append(own * steps(run) / sorted(others)[len(others) // 2])
+  return sorted(ratios)[len(ratios) // 2] if ratios else 1.0
 
 
 def parse_until(spec: str | None, now: float | None = None) -> float | None:
@@ -757,15 +797,18 @@ def parse_until(spec: str | None, now: float | None = None) -> float | None:
                      "(2026-12-02T00:05)") from None
 
 
-def past_deadline(run: Run, root: Path, until: float | None) -> str | None:
-  """Why `run` is not started before the deadline `until` (it would end after it), or None."""
+def past_deadline(run: Run, root: Path, until: float | None,
+                  factor: float | None = None) -> str | None:
+  """Why `run` is not started before the deadline `until` (it would end after it), or None;
+  `factor`: this machine's `speed_factor`, computed when None."""
   if until is None:
     return None
-  expected = expected_train_s(run, root)
+  factor = speed_factor(root) if factor is None else factor
+  expected = expected_train_s(run, root, factor)
   if expected is None or time.time() + expected <= until:
     return None
-  return (f"skip {run.key}: would take ~{expected / 60:.0f} min (its arm's recorded "
-          f"time), past --until")
+  return (f"skip {run.key}: would take ~{expected / 60:.0f} min (its recorded or measured "
+          f"time, x{factor:.2f} for this machine), past --until")
 
 
 def _stale_line(run: Run, root: Path) -> str:
@@ -792,6 +835,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
   order = training_order(runs, by_key)
   done = queue_done(order, by_key, root, then_analyze)
   started = 0
+  factor = speed_factor(root) if until is not None else None
   i, k = shard
   for n, run in enumerate(order):
     if n % k != i or run.key in done:
@@ -804,7 +848,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
       continue
     if max_runs is not None and started >= max_runs:
       break
-    late = past_deadline(run, root, until)
+    late = past_deadline(run, root, until, factor)
     if late:
       print(late, flush=True)
       continue
@@ -834,6 +878,7 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
 
   while True:
     done = trained | queue_done(order, by_key, root, then_analyze)
+    factor = speed_factor(root) if until is not None else None   # once a scan
     waiting, took = [], False
     for run in order:
       if run.key in done:
@@ -849,7 +894,7 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
         continue
       if max_runs is not None and started >= max_runs:
         return 0
-      late = past_deadline(run, root, until)
+      late = past_deadline(run, root, until, factor)
       if late:
         say(run.key, late)
         continue
@@ -907,21 +952,64 @@ def main(argv=None):
   if ns.action == "record":
     return record_all(runs, root)
   if ns.action == "list":
-    if any(r.experiment == "tokens" for r in runs):
-      for prep in preps(root, ns.smoke):
-        print(("done  " if Path(prep.marker).exists() else "todo  ") + " ".join(prep.command))
-    for experiment in dict.fromkeys(r.experiment for r in runs):
-      if experiment in TRAINED_LAST:
-        print(f"note  {experiment}: {TRAINED_LAST[experiment]}")
-    for run in runs:
-      only_kept = not finished(run, root) and recorded(run, root)
-      print(f"{status(run, root):6s}" + " ".join(run.command(root, ns.smoke))
-            + ("   # recorded; no checkpoint here" if only_kept else ""))
-    return 0
+    return list_queue(runs, root, ns.smoke)
   if ns.claim and ns.shard:
     raise SystemExit("error: --claim and --shard split the queue two ways; use one")
   return run_queue(runs, root, smoke=ns.smoke, max_runs=ns.max_runs, shard=_shard(ns.shard),
                    claim=ns.claim, then_analyze=ns.analyze, until=parse_until(ns.until))
+
+
+def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
+  """`list`: the preparations, then a line per run (done / part / todo / stale and its
+  command; a recorded run without its checkpoint here says so, and why the queue trains
+  it again if it does), then a summary: the counts and the training left by the
+  recorded times at this machine's speed (`expected_train_s`, one core a run)."""
+  if any(r.experiment == "tokens" for r in runs):
+    for prep in preps(root, smoke):
+      print(("done  " if Path(prep.marker).exists() else "todo  ") + " ".join(prep.command))
+  for experiment in dict.fromkeys(r.experiment for r in runs):
+    if experiment in TRAINED_LAST:
+      print(f"note  {experiment}: {TRAINED_LAST[experiment]}")
+  by_key = {r.key: r for r in plan()}
+  order = training_order(runs, by_key)
+  done = queue_done(order, by_key, root)
+  starts_from = {}
+  for run in order:
+    if run.after is not None and run.key not in done:
+      starts_from.setdefault(run.after, []).append(run.key)
+  counts: dict[str, int] = {}
+  left_s, unknown, again = 0.0, [], []
+  factor = speed_factor(root)
+  for run in runs:
+    state = status(run, root)
+    counts[state] = counts.get(state, 0) + 1
+    note = ""
+    if state == "done" and not finished(run, root):
+      note = "   # recorded; no checkpoint here"
+      if run.key not in done:
+        again.append(run)
+        users = starts_from.get(run.key)
+        note += ("; trained again first: " + ", ".join(users) + " start from it" if users
+                 else "; trained again first")
+    print(f"{state:6s}" + " ".join(run.command(root, smoke)) + note)
+    if state in ("part", "todo") or run in again:
+      expected = expected_train_s(run, root, factor)
+      if expected is None:
+        unknown.append(run.key)
+      else:
+        left_s += expected
+  summary = ", ".join(f"{counts[s]} {s}" for s in ("done", "part", "todo", "stale")
+                      if counts.get(s))
+  line = f"queue: {summary} of {len(runs)} runs"
+  if again:
+    line += f" ({len(again)} done to train again for the runs that start from them)"
+  line += (f"; ~{left_s / 3600:.1f} core-hours of training left by the recorded times "
+           f"(x{factor:.2f} for this machine's speed, x{DEADLINE_MARGIN} for "
+           "start-up, evaluation and checkpoints; one core a run)")
+  if unknown:
+    line += f", not counting {len(unknown)} runs with no recorded time to go by"
+  print(line)
+  return 0
 
 
 def record_all(runs: list[Run], root: Path) -> int:

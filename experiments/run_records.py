@@ -63,14 +63,31 @@ def train_seconds(workdir: Path) -> float | None:
     return float(done["train_seconds"]) + float(done.get("eval_seconds") or 0.0)
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     pass
-  per_step = {int(r["step"]): float(r["time/step_s"]) for r in _metrics_rows(workdir)
-              if "time/step_s" in r}
+  per_step = _step_times(workdir)
   if not per_step:
     return None
-  times = sorted(per_step.values())
+  return _median(list(per_step.values())) * max(per_step)
+
+
+def _step_times(workdir: Path) -> dict[int, float]:
+  """{logged step: the mean step time of the interval it ends}, a step logged twice
+  (a resume) once."""
+  return {int(r["step"]): float(r["time/step_s"]) for r in _metrics_rows(Path(workdir))
+          if "time/step_s" in r}
+
+
+def _median(values: list[float]) -> float:
+  times = sorted(values)
   middle = len(times) // 2
-  median = times[middle] if len(times) % 2 else 0.5 * (times[middle - 1] + times[middle])
-  return median * max(per_step)
+  return times[middle] if len(times) % 2 else 0.5 * (times[middle - 1] + times[middle])
+
+
+def step_time(workdir: Path, min_intervals: int = 3) -> float | None:
+  """A run's steady step time so far: the median over its logged intervals (as in
+  `train_seconds`); None with fewer than `min_intervals` logged (the first holds
+  compilation)."""
+  per_step = _step_times(workdir)
+  return _median(list(per_step.values())) if len(per_step) >= min_intervals else None
 
 
 def _json_field(path: Path, *keys: str):

@@ -275,7 +275,10 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   # `list` notes the experiment is trained last; `run` trains each Stage I right after its base.
   assert reproduce.main(["list", "--only=vlm_long", f"--root={tmp_path}"]) == 0
   out = capsys.readouterr().out.splitlines()
-  assert out[0].startswith("note  vlm_long: trained after the Lngram runs") and len(out) == 13
+  assert out[0].startswith("note  vlm_long: trained after the Lngram runs") and len(out) == 14
+  # Nothing recorded: the training left is VLM_PRIOR_S's (3 bases, 9 Stage I runs).
+  left_h = (3 * 3600 + 9 * 1500) * reproduce.DEADLINE_MARGIN / 3600
+  assert out[-1].startswith(f"queue: 12 todo of 12 runs; ~{left_h:.1f} core-hours of training")
   calls = []
   monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   assert reproduce.run_queue([vlm[3], vlm[6], vlm[0]], tmp_path) == 0   # sft s0, s1, base s0

@@ -319,3 +319,80 @@ def test_the_report_describes_each_setting_s_validation_set():
   assert line.endswith("tokens validation 20 documents, 100 scored units, the largest 5.0% / "
                        "10 documents, 50 scored units, the largest 10.0% (DIFFERENT sets "
                        "across its runs: 2)")
+
+
+def test_list_says_which_recorded_runs_train_again_and_the_training_left(tmp_path, by_key,
+                                                                         capsys):
+  base, pkm = by_key["bytes/baseline_s0"], by_key["bytes/pkm_s0"]
+  for run in (base, pkm):
+    run_records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
+                             reproduce.run_dir(run, reproduce.records_root(tmp_path)))
+  assert reproduce.main(["list", f"--root={tmp_path}", "--only=bytes"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+
+  def line_of(run):
+    return next(x for x in lines if f"--workdir={reproduce.run_dir(run, tmp_path)} " in x)
+
+  starting = [r.key for r in reproduce.plan() if r.after == base.key]
+  assert len(starting) == 4
+  assert line_of(base).startswith("done  ")
+  assert line_of(base).endswith("# recorded; no checkpoint here; trained again first: "
+                                + ", ".join(starting) + " start from it")
+  assert line_of(pkm).endswith("# recorded; no checkpoint here")
+  n = len(reproduce.select(reproduce.plan(), "bytes"))
+  # Every run left (the todo ones and the baseline trained again) is expected to take the
+  # longest recorded time of its setting, 600 s, x DEADLINE_MARGIN; pkm is not counted.
+  left_h = (n - 1) * 600 * reproduce.DEADLINE_MARGIN / 3600
+  assert lines[-1] == (f"queue: 2 done, {n - 2} todo of {n} runs (1 done to train again for "
+                       f"the runs that start from them); ~{left_h:.1f} core-hours of "
+                       f"training left by the recorded times (x1.00 for this machine's "
+                       f"speed, x{reproduce.DEADLINE_MARGIN} for start-up, evaluation and "
+                       "checkpoints; one core a run)")
+
+
+def test_the_deadline_check_scales_the_records_to_this_machine_s_speed(tmp_path, by_key,
+                                                                       capsys, monkeypatch):
+  """Records come from other machines: a run being trained here, compared with its arm's
+  records, says how much faster this machine is; a run with steps logged here goes by
+  its own step time."""
+  margin = reproduce.DEADLINE_MARGIN
+  pkm0, pkm1, engram0 = by_key["bytes/pkm_s0"], by_key["bytes/pkm_s1"], by_key["bytes/engram_s0"]
+  for run in (pkm0, engram0):        # both 1 s a step elsewhere: 600 s
+    run_records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
+                             reproduce.run_dir(run, reproduce.records_root(tmp_path)))
+  assert reproduce.speed_factor(tmp_path) == 1.0
+  # pkm seed 1, cut at step 100 here at 0.5 s a step (the first interval compiles).
+  here = reproduce.run_dir(pkm1, tmp_path)
+  here.mkdir(parents=True)
+  (here / reproduce.STAMP).write_text(json.dumps(reproduce.stamp(pkm1)))
+  rows = [{"step": 10, "time/step_s": 4.0}] + [{"step": s, "time/step_s": 0.5}
+                                               for s in range(20, 101, 10)]
+  (here / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert run_records.step_time(here) == 0.5
+  assert run_records.step_time(here, min_intervals=11) is None
+  assert reproduce.speed_factor(tmp_path) == pytest.approx(0.5)
+  assert reproduce.expected_train_s(pkm1, tmp_path) == pytest.approx(500 * 0.5 * margin)
+  # Runs not started here: their arm's records (or the setting's longest) at this speed.
+  assert reproduce.expected_train_s(by_key["bytes/engram_s1"], tmp_path) == pytest.approx(
+      600 * 0.5 * margin)
+  assert reproduce.expected_train_s(by_key["bytes/sparse_ffn_s0"], tmp_path) == pytest.approx(
+      600 * 0.5 * margin)
+  # Finished and recorded here, the run is still compared with its arm's other seeds,
+  # not with its own record (which would say 1.0).
+  rows = [{"step": s, "time/step_s": 0.5} for s in range(110, 601, 10)]
+  with open(here / "metrics.jsonl", "a") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows)
+            + json.dumps({"step": 600, "eval/bits_per_byte": 2.0}) + "\n")
+  reproduce.record(pkm1, tmp_path)
+  assert reproduce.recorded(pkm1, tmp_path)
+  assert run_records.run_provenance(reproduce.run_dir(pkm1, reproduce.records_root(tmp_path)))[
+      "train_s"] == pytest.approx(300.0)
+  assert reproduce.speed_factor(tmp_path) == pytest.approx(0.5)
+  assert reproduce.expected_train_s(pkm1, tmp_path) == 0.0
+  # A stale directory (an older design) says nothing about this machine.
+  (here / reproduce.STAMP).unlink()
+  assert reproduce.speed_factor(tmp_path) == 1.0
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: pytest.fail(cmd))
+  assert reproduce.main(["run", f"--root={tmp_path}", "--only=bytes", "--until=+1"]) == 0
+  assert (f"skip bytes/engram_s1: would take ~{600 * margin / 60:.0f} min (its recorded or "
+          "measured time, x1.00 for this machine), past --until") in capsys.readouterr().out
