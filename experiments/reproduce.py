@@ -31,8 +31,9 @@ record lacks analyses). The runs that start from another (insertion, Stage I) tr
 right after it, so that its checkpoint is used before the machine is gone. `record`
 writes the records of finished runs that have none (a queue of an older version). A queue
 under another `--root` keeps its records in `<root>/records`. `--until=+MINUTES` (or an
-ISO date-time) starts no run that its arm's recorded training time says would end later,
-so a queue on a machine lent for a fixed time leaves no half-trained run behind.
+ISO date-time) starts no run that its arm's recorded training time says would end later
+(with `--analyze`, counting the analyses it is then given), so a queue on a machine lent
+for a fixed time leaves no half-trained run behind.
 
 A run directory holds `repro.json` (this design's version, written before training):
 a directory without it, or of another version, is STALE (runs of the older unpaired
@@ -741,6 +742,45 @@ def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float
   return typical * factor * left * DEADLINE_MARGIN
 
 
+# The analyses `run --analyze` gives a run after it trains, before any is timed here
+# (ANALYSIS_SECONDS), in the records' time (x speed_factor): the four record analyses of a
+# bytes r16 / r64 / frozen-router run took 3.8-5.5 min on a machine of factor 0.70 (from
+# the runs' file times); PVM's attention analysis (64 scenes decoded up to 900 tokens) has
+# not been timed yet, so it is given a generous 15 min.
+ANALYSIS_PRIOR_S = {"record": 480.0, "vlm": 900.0}
+# {"name,name": seconds} in the run directory: this machine's timing, not part of a record.
+ANALYSIS_SECONDS = "analyze_seconds.json"
+
+
+def _analysis_kind(names) -> str:
+  return "vlm" if any(n in VLM_ANALYSES for n in names) else "record"
+
+
+def analysis_seconds(run: Run, root: Path) -> dict[str, float]:
+  """The analyses timed on `run` under `root` by `analyze`: {"name,name": seconds}."""
+  try:
+    timed = json.loads((run_dir(run, root) / ANALYSIS_SECONDS).read_text())
+    return {str(k): float(v) for k, v in timed.items()} if isinstance(timed, dict) else {}
+  except (OSError, ValueError, TypeError):
+    return {}
+
+
+def expected_analysis_s(run: Run, root: Path, factor: float | None = None) -> float:
+  """What the analyses `run --analyze` gives `run` once trained should take: 0 when it is
+  given none or has them all; else the median time of the same analyses on the runs timed
+  under `root` (this machine), else ANALYSIS_PRIOR_S x this machine's `speed_factor`."""
+  names = [n for n in wanted_analyses(run)[0] if not analysed(run, n, root)]
+  if not names:
+    return 0.0
+  kind = _analysis_kind(names)
+  timed = [seconds for other in plan() for key, seconds in analysis_seconds(other, root).items()
+           if _analysis_kind(key.split(",")) == kind]
+  if timed:
+    return sorted(timed)[len(timed) // 2]
+  factor = speed_factor(root) if factor is None else factor
+  return ANALYSIS_PRIOR_S[kind] * factor
+
+
 def _recorded_seconds(run: Run, root: Path, *, same_arm: bool, same_setting: bool,
                       but: str | None = None) -> list[float]:
   """The recorded training times (`run_records.run_provenance`) of the runs of `run`'s
@@ -798,17 +838,22 @@ def parse_until(spec: str | None, now: float | None = None) -> float | None:
 
 
 def past_deadline(run: Run, root: Path, until: float | None,
-                  factor: float | None = None) -> str | None:
-  """Why `run` is not started before the deadline `until` (it would end after it), or None;
-  `factor`: this machine's `speed_factor`, computed when None."""
+                  factor: float | None = None, then_analyze: bool = False) -> str | None:
+  """Why `run` is not started before the deadline `until` (it would end after it, with
+  the analyses it is then given when `then_analyze`), or None; `factor`: this machine's
+  `speed_factor`, computed when None."""
   if until is None:
     return None
   factor = speed_factor(root) if factor is None else factor
   expected = expected_train_s(run, root, factor)
-  if expected is None or time.time() + expected <= until:
+  if expected is None:
     return None
-  return (f"skip {run.key}: would take ~{expected / 60:.0f} min (its recorded or measured "
-          f"time, x{factor:.2f} for this machine), past --until")
+  analyses = expected_analysis_s(run, root, factor) if then_analyze else 0.0
+  if time.time() + expected + analyses <= until:
+    return None
+  also = f" and ~{analyses / 60:.0f} min of analyses" if analyses else ""
+  return (f"skip {run.key}: would take ~{expected / 60:.0f} min{also} (its recorded or "
+          f"measured time, x{factor:.2f} for this machine), past --until")
 
 
 def _stale_line(run: Run, root: Path) -> str:
@@ -824,7 +869,8 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
   run no live process has claimed (`experiments/claims.py`), waiting while a run it needs
   is trained elsewhere; else every K-th run from the I-th of `shard`. With `then_analyze`,
   each trained run then gets the analyses `analyze` would give it. With `until` (seconds
-  since the epoch), a run expected to end after it is not started (`past_deadline`)."""
+  since the epoch), a run expected to end after it (with its analyses, if it is given
+  them) is not started (`past_deadline`)."""
   by_key = {r.key: r for r in plan()}
   if any(r.experiment == "tokens" for r in runs):
     code = _prepare(root, smoke)
@@ -848,7 +894,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
       continue
     if max_runs is not None and started >= max_runs:
       break
-    late = past_deadline(run, root, until, factor)
+    late = past_deadline(run, root, until, factor, then_analyze)
     if late:
       print(late, flush=True)
       continue
@@ -894,7 +940,7 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
         continue
       if max_runs is not None and started >= max_runs:
         return 0
-      late = past_deadline(run, root, until, factor)
+      late = past_deadline(run, root, until, factor, then_analyze)
       if late:
         say(run.key, late)
         continue
@@ -927,7 +973,8 @@ def main(argv=None):
   parser.add_argument("--max_runs", type=int, default=None, help="stop after this many runs")
   parser.add_argument("--until", default=None,
                       help="run: +MINUTES or an ISO date-time; no run is started that its "
-                           "arm's recorded training time says would end after it")
+                           "arm's recorded training time (and with --analyze, its analyses) "
+                           "says would end after it")
   parser.add_argument("--shard", default=None, help="run: I/K, every K-th run from the I-th")
   parser.add_argument("--claim", action="store_true",
                       help="run: take the next run no other process has claimed (several "
@@ -1041,9 +1088,13 @@ def analyze(force: bool = False, dry_run: bool = False, root: Path | None = None
       continue
     out = run_dir(run, root) / "analysis"
     out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
     with open(out / "analyze.log", "a") as log:
       code = subprocess.call([sys.executable, "-m", "experiments", *command[1:]],
                              stdout=log, stderr=subprocess.STDOUT)
+    if code == 0:   # the deadline check's estimate of the next run's analyses
+      timed = analysis_seconds(run, root) | {",".join(names): time.monotonic() - began}
+      (run_dir(run, root) / ANALYSIS_SECONDS).write_text(json.dumps(timed) + "\n")
     if code != 0:
       print(f"analyze {run.key} exited {code}; see {out / 'analyze.log'}", flush=True)
       status_ = status_ or code

@@ -396,3 +396,48 @@ def test_the_deadline_check_scales_the_records_to_this_machine_s_speed(tmp_path,
   assert reproduce.main(["run", f"--root={tmp_path}", "--only=bytes", "--until=+1"]) == 0
   assert (f"skip bytes/engram_s1: would take ~{600 * margin / 60:.0f} min (its recorded or "
           "measured time, x1.00 for this machine), past --until") in capsys.readouterr().out
+
+
+def test_the_deadline_check_counts_the_analyses_a_run_is_then_given(tmp_path, by_key,
+                                                                    capsys, monkeypatch):
+  """With --analyze a run of the ID arms is followed by its record analyses: the deadline
+  check adds their time, first the prior x this machine's speed, then as timed here."""
+  r16, r64, pkm = by_key["bytes/lngram_r16_s1"], by_key["bytes/lngram_r64_s1"], by_key[
+      "bytes/pkm_s1"]
+  prior = reproduce.ANALYSIS_PRIOR_S["record"]
+  assert reproduce.expected_analysis_s(r16, tmp_path) == prior            # factor 1.0
+  assert reproduce.expected_analysis_s(r16, tmp_path, factor=0.5) == prior * 0.5
+  assert reproduce.expected_analysis_s(pkm, tmp_path) == 0.0              # given none
+  assert reproduce.expected_analysis_s(by_key["vlm_long/base_s0"], tmp_path) == (
+      reproduce.ANALYSIS_PRIOR_S["vlm"])
+  # r16 trains here and `analyze` times its four analyses (the subprocess writes them).
+  workdir = _finished(tmp_path, r16, 2.0)
+  clock = iter([100.0, 250.0])
+  monkeypatch.setattr(reproduce.time, "monotonic", lambda: next(clock))
+
+  def call(cmd, **kw):
+    for name in reproduce.RECORD_ANALYSES:
+      (workdir / "analysis" / f"{name}.json").write_text(json.dumps(
+          {"source": {"step": 600}, "protocol": {"version": 99}}))
+    return 0
+
+  monkeypatch.setattr(reproduce.subprocess, "call", call)
+  assert reproduce.analyze(root=tmp_path, keys={r16.key}) == 0
+  monkeypatch.undo()
+  assert reproduce.analysis_seconds(r16, tmp_path) == {
+      ",".join(reproduce.RECORD_ANALYSES): 150.0}
+  assert not (reproduce.run_dir(r16, reproduce.records_root(tmp_path))
+              / reproduce.ANALYSIS_SECONDS).exists()     # machine timing: not recorded
+  assert reproduce.expected_analysis_s(r16, tmp_path) == 0.0              # has them all
+  assert reproduce.expected_analysis_s(r64, tmp_path) == 150.0            # timed here
+  assert reproduce.expected_analysis_s(by_key["vlm_long/base_s0"], tmp_path) == (
+      reproduce.ANALYSIS_PRIOR_S["vlm"])                                  # another kind
+  # r64 would train ~600 s x margin, then analyse 150 s: 15 min is enough, 15.5 not.
+  train = reproduce.expected_train_s(r64, tmp_path)
+  assert train == pytest.approx(600.0 * reproduce.DEADLINE_MARGIN)
+  now = reproduce.time.time()
+  assert reproduce.past_deadline(r64, tmp_path, now + train + 60, then_analyze=False) is None
+  late = reproduce.past_deadline(r64, tmp_path, now + train + 60, then_analyze=True)
+  assert late == (f"skip {r64.key}: would take ~{train / 60:.0f} min and ~2 min of analyses "
+                  "(its recorded or measured time, x1.00 for this machine), past --until")
+  assert reproduce.past_deadline(r64, tmp_path, now + train + 200, then_analyze=True) is None
