@@ -768,15 +768,18 @@ def analysis_seconds(run: Run, root: Path) -> dict[str, float]:
 def expected_analysis_s(run: Run, root: Path, factor: float | None = None) -> float:
   """What the analyses `run --analyze` gives `run` once trained should take: 0 when it is
   given none or has them all; else the median time of the same analyses on the runs timed
-  under `root` (this machine), else ANALYSIS_PRIOR_S x this machine's `speed_factor`."""
+  under `root` (this machine), else of analyses of their kind (record or VLM), else
+  ANALYSIS_PRIOR_S x this machine's `speed_factor`."""
   names = [n for n in wanted_analyses(run)[0] if not analysed(run, n, root)]
   if not names:
     return 0.0
   kind = _analysis_kind(names)
-  timed = [seconds for other in plan() for key, seconds in analysis_seconds(other, root).items()
-           if _analysis_kind(key.split(",")) == kind]
-  if timed:
-    return sorted(timed)[len(timed) // 2]
+  timed = [(key, seconds) for other in plan()
+           for key, seconds in analysis_seconds(other, root).items()]
+  for alike in ([s for key, s in timed if key == ",".join(names)],
+                [s for key, s in timed if _analysis_kind(key.split(",")) == kind]):
+    if alike:
+      return sorted(alike)[len(alike) // 2]
   factor = speed_factor(root) if factor is None else factor
   return ANALYSIS_PRIOR_S[kind] * factor
 

@@ -430,6 +430,16 @@ def test_the_deadline_check_counts_the_analyses_a_run_is_then_given(tmp_path, by
               / reproduce.ANALYSIS_SECONDS).exists()     # machine timing: not recorded
   assert reproduce.expected_analysis_s(r16, tmp_path) == 0.0              # has them all
   assert reproduce.expected_analysis_s(r64, tmp_path) == 150.0            # timed here
+  # The same analyses timed elsewhere here win over others of their kind.
+  frozen = by_key["bytes/lngram_r16_frozen_s1"]
+  reproduce.run_dir(frozen, tmp_path).mkdir(parents=True)
+  (reproduce.run_dir(frozen, tmp_path) / reproduce.ANALYSIS_SECONDS).write_text(json.dumps(
+      {"id_knn": 10.0, "stability,injection": 20.0}))
+  assert reproduce.expected_analysis_s(r64, tmp_path) == 150.0
+  (reproduce.run_dir(r16, tmp_path) / reproduce.ANALYSIS_SECONDS).unlink()
+  assert reproduce.expected_analysis_s(r64, tmp_path) == 20.0             # upper median
+  (reproduce.run_dir(r16, tmp_path) / reproduce.ANALYSIS_SECONDS).write_text(json.dumps(
+      {",".join(reproduce.RECORD_ANALYSES): 150.0}))
   assert reproduce.expected_analysis_s(by_key["vlm_long/base_s0"], tmp_path) == (
       reproduce.ANALYSIS_PRIOR_S["vlm"])                                  # another kind
   # r64 would train ~600 s x margin, then analyse 150 s: 15 min is enough, 15.5 not.
