@@ -1013,7 +1013,8 @@ def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
   """`list`: the preparations, then a line per run (done / part / todo / stale and its
   command; a recorded run without its checkpoint here says so, and why the queue trains
   it again if it does), then a summary: the counts and the training left by the
-  recorded times at this machine's speed (`expected_train_s`, one core a run)."""
+  recorded times at this machine's speed (`expected_train_s`, one core a run), and the
+  analyses left (`expected_analysis_s`)."""
   if any(r.experiment == "tokens" for r in runs):
     for prep in preps(root, smoke):
       print(("done  " if Path(prep.marker).exists() else "todo  ") + " ".join(prep.command))
@@ -1028,7 +1029,7 @@ def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
     if run.after is not None and run.key not in done:
       starts_from.setdefault(run.after, []).append(run.key)
   counts: dict[str, int] = {}
-  left_s, unknown, again = 0.0, [], []
+  left_s, analyses_s, unknown, again = 0.0, 0.0, [], []
   factor = speed_factor(root)
   for run in runs:
     state = status(run, root)
@@ -1048,6 +1049,8 @@ def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
         unknown.append(run.key)
       else:
         left_s += expected
+    if state != "stale":
+      analyses_s += expected_analysis_s(run, root, factor)
   summary = ", ".join(f"{counts[s]} {s}" for s in ("done", "part", "todo", "stale")
                       if counts.get(s))
   line = f"queue: {summary} of {len(runs)} runs"
@@ -1058,6 +1061,8 @@ def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
            "start-up, evaluation and checkpoints; one core a run)")
   if unknown:
     line += f", not counting {len(unknown)} runs with no recorded time to go by"
+  if analyses_s:
+    line += f"; ~{analyses_s / 3600:.1f} more for the analyses `run --analyze` gives them"
   print(line)
   return 0
 

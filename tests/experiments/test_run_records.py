@@ -343,11 +343,17 @@ def test_list_says_which_recorded_runs_train_again_and_the_training_left(tmp_pat
   # Every run left (the todo ones and the baseline trained again) is expected to take the
   # longest recorded time of its setting, 600 s, x DEADLINE_MARGIN; pkm is not counted.
   left_h = (n - 1) * 600 * reproduce.DEADLINE_MARGIN / 3600
+  # The runs given analyses (every seed of the ID arms, the insertion pair), at the prior.
+  analysed = [r for r in reproduce.select(reproduce.plan(), "bytes")
+              if reproduce.wanted_analyses(r)[0]]
+  assert len(analysed) == 5 + 3 + 3 + 1
+  analyses_h = len(analysed) * reproduce.ANALYSIS_PRIOR_S["record"] / 3600
   assert lines[-1] == (f"queue: 2 done, {n - 2} todo of {n} runs (1 done to train again for "
                        f"the runs that start from them); ~{left_h:.1f} core-hours of "
                        f"training left by the recorded times (x1.00 for this machine's "
                        f"speed, x{reproduce.DEADLINE_MARGIN} for start-up, evaluation and "
-                       "checkpoints; one core a run)")
+                       f"checkpoints; one core a run); ~{analyses_h:.1f} more for the "
+                       "analyses `run --analyze` gives them")
 
 
 def test_the_deadline_check_scales_the_records_to_this_machine_s_speed(tmp_path, by_key,
