@@ -522,7 +522,7 @@ def training_order(runs: list[Run], by_key: dict[str, Run]) -> list[Run]:
   """The runs to train for `runs`, seed 0 of every arm first, then seed 1, ..., so that a
   cut queue leaves every arm with some result and the first pairs complete early; the
   longest experiments (TRAINED_LAST) after the rest; a run that starts from another
-  (insertion, Stage I) right after it, so that its checkpoint is used in the session
+  (insertion, Stage I) right after it, so that its checkpoint is used on the machine
   that trains it: run directories do not outlive the machine, and a recorded run whose
   checkpoint is needed again (`queue_done`) would otherwise be rebuilt at the queue's head
   and wait, unused, behind the rest of its seed."""
@@ -634,7 +634,7 @@ def xla_flags_seen(workdir: Path) -> list[str]:
 def cpus_seen(workdir: Path) -> list[str]:
   """The CPUs (`cpu_signature`) every attempt at the run trained on ([] if none recorded):
   XLA's CPU kernels follow the vector ISA, so one config and seed can end differently on
-  another machine (DESIGN: the byte baseline's seed 0 in two sessions)."""
+  another machine (DESIGN: the byte baseline's seed 0 trained on two machines)."""
   return _stamped_list(workdir, "cpus")
 
 
