@@ -14,7 +14,8 @@ Lngram section: the runs still pending; the summary table of the pre-declared cl
 family, each claim a paired contrast over seeds (experiments/stats.py: the paired
 t-test with its 95% CI, the exact sign-flip test, a document-bootstrap CI from the
 per-document validation losses, Holm over the family, the minimum detectable effect)
-with its verdict computed from those numbers; the controls; per setting, each arm's
+with its verdict computed from those numbers; the controls; the previous section's
+verdicts beside this design's (experiments/report_previous.py); per setting, each arm's
 final validation bits per unit (mean ± sd over its finished seeds), memory parameters
 (total / active per token, from the config file) and median training tokens/s, plus one
 validation-curve plot per setting (PNG under `--out`); then the ID analyses and the
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import report_vlm, reproduce, stats
+from experiments import report_previous, report_vlm, reproduce, stats
 from experiments.configs import load_config
 from experiments.models import lm_config, params
 from experiments.report_analyses import analysis_claims, id_section, insertion_section
@@ -348,25 +349,40 @@ def _claim_cells(results, setting, contrast, holm_p, mde_alpha):
           _fmt(holm_p, 3, False), _fmt(mde, 3, False), verdict)
 
 
+def family_tests(results) -> tuple[list[tuple[str, str, str, dict, dict, float]], int]:
+  """Every claim of the family with its paired t-test over seeds and Holm-adjusted p:
+  ([(setting, claim, paper, contrast, test, holm_p)], m evaluable claims)."""
+  family = claim_family()
+  tests = [stats.paired_t(paired_values(results, s, c)[1]) for s, _, _, c in family]
+  raw = [t["p"] for t in tests]
+  m = sum(not math.isnan(p) for p in raw) or len(family)
+  return [(*row, test, holm_p) for row, test, holm_p
+          in zip(family, tests, stats.holm(raw), strict=True)], m
+
+
+def family_verdicts(results) -> dict[tuple[str, str], tuple[int, str]]:
+  """{(setting, claim): (n paired seeds, verdict)} of the family, as the summary shows."""
+  tested, _ = family_tests(results)
+  return {(setting, claim): (test["n"], stats.verdict(test, holm_p))
+          for setting, claim, _, _, test, holm_p in tested}
+
+
 def summary(results, root: Path | None = None) -> str:
   """The claim family's table: paired differences over seeds, Holm over the family."""
-  family = claim_family()
-  raw = [stats.paired_t(paired_values(results, s, c)[1])["p"] for s, _, _, c in family]
-  adjusted = stats.holm(raw)
-  m = sum(not math.isnan(p) for p in raw) or len(family)
+  tested, m = family_tests(results)
   lines = [f"Paired by seed: Δ = the claim's 'worse' arm minus its 'better' arm in final "
            f"validation bits per unit (> 0: the claim's direction), mean over seeds with its "
            f"t 95% CI; the document-bootstrap 95% CI (2,000 resamples of validation "
            f"documents, shared by the seeds); p of the paired t-test and of the exact "
            f"sign-flip test over seeds (with the smallest p its n allows); Holm over the "
-           f"{len(family)} pre-declared claims ({m} evaluable); MDE: the mean Δ a paired "
+           f"{len(tested)} pre-declared claims ({m} evaluable); MDE: the mean Δ a paired "
            f"t-test of this n detects with 80% power at α = 0.05/{m} (Holm's first step), "
            f"from the observed sd. Verdict: supported / reversed when Holm p < 0.05, else "
            f"not shown.", "",
            "| setting | claim | paper | n pairs (seeds per arm) | Δ bits/unit [95% CI] | "
            "document-bootstrap CI | p (t) | p (sign-flip) | Holm p | MDE | verdict |",
            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-  for (setting, claim, paper, contrast), holm_p in zip(family, adjusted, strict=True):
+  for setting, claim, paper, contrast, _, holm_p in tested:
     cells = _claim_cells(results, setting, contrast, holm_p, stats.ALPHA / m)
     lines.append(f"| {setting} | {claim} | {paper} | " + " | ".join(cells) + " |")
   lines += ["", "Controls (outside the family; p unadjusted, verdict at p < 0.05):", "",
@@ -407,7 +423,7 @@ def report(root: Path, out: Path) -> str:
   if pending:
     parts += [f"Runs pending ({len(pending)} of {len(reproduce.plan())}; "
               "`python -m experiments.reproduce run`): " + ", ".join(pending), ""]
-  parts += [summary(results, root), ""]
+  parts += [summary(results, root), "", report_previous.section(family_verdicts(results)), ""]
   mismatched = flag_mismatches(results)
   if mismatched:
     parts += [mismatched, ""]

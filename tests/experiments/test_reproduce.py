@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import report, report_vlm, reproduce, results, stats
+from experiments import report, report_previous, report_vlm, reproduce, results, stats
 from experiments.configs import load_config
 from experiments.data.validation import write_per_doc
 from experiments.models import DecoderLM, lm_config, params
@@ -339,3 +339,26 @@ def test_the_token_setting_s_validation_is_capped_and_its_split_checked(tmp_path
       {"split": {"val_fraction": reproduce.TOKEN_VAL_FRACTION}}))
   assert reproduce.run_queue([pkm], tmp_path) == 0
   assert len(calls) == 1 and f"--workdir={tmp_path}/tokens/pkm_s0" in calls[0]
+
+
+def test_the_previous_section_s_verdicts_sit_beside_the_computed_ones(five_pairs):
+  root, _, _ = five_pairs
+  verdicts = report.family_verdicts(results.collect(root))
+  assert verdicts[("bytes", "Lngram v2 r16 beats the memory-free baseline")] == (5, "supported")
+  assert verdicts[("tokens", "v2 r16 vs Engram")] == (0, "pending")
+  text = report_previous.section(verdicts)
+  rows = {cells[2]: cells for cells in ([c.strip() for c in line.split("|")[1:-1]]
+                                        for line in text.splitlines()[4:])}
+  # Every previous claim maps onto a bytes claim of the family (a rename would raise).
+  assert len(text.splitlines()) == 4 + len(report_previous.PREVIOUS)
+  baseline = rows["Lngram v2 r16 beats the memory-free baseline"]
+  assert baseline[1].startswith("reproduced") and baseline[3:6] == ["5", "supported",
+                                                                    "unchanged"]
+  assert rows["v2 r16 vs Engram"][3:6] == ["0", "pending", "pending"]
+  # A verdict that differs from the previous one is named as a change.
+  assert report_previous.change("reproduced", "not shown") == "supported -> not shown"
+  assert report_previous.change("reversed", "reversed") == "unchanged"
+  assert report_previous.change("no verdict", "supported") == "not shown -> supported"
+  del verdicts[("bytes", "the sink helps")]
+  with pytest.raises(KeyError, match="'the sink helps', which is not a bytes claim"):
+    report_previous.section(verdicts)
