@@ -423,7 +423,8 @@ def report(root: Path, out: Path) -> str:
   if pending:
     parts += [f"Runs pending ({len(pending)} of {len(reproduce.plan())}; "
               "`python -m experiments.reproduce run`): " + ", ".join(pending), ""]
-  parts += [summary(results, root), "", report_previous.section(family_verdicts(results)), ""]
+  parts += [summary(results, root), "", report_previous.section(family_verdicts(results)), "",
+            report_previous.analysis_section(analysis_claims(root)), ""]
   mismatched = flag_mismatches(results)
   if mismatched:
     parts += [mismatched, ""]

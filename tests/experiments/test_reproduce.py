@@ -362,3 +362,20 @@ def test_the_previous_section_s_verdicts_sit_beside_the_computed_ones(five_pairs
   del verdicts[("bytes", "the sink helps")]
   with pytest.raises(KeyError, match="'the sink helps', which is not a bytes claim"):
     report_previous.section(verdicts)
+
+
+def test_the_previous_analysis_verdicts_sit_beside_this_design_s():
+  rows = [(claim, "paper", "ours", "inconclusive at this scale: 3/6")
+          for claim, _ in report_previous.PREVIOUS_ANALYSES]
+  rows[-2] = (rows[-2][0], "paper", "ours", "reproduced (one seed, CIs disjoint): more stable")
+  text = report_previous.analysis_section(rows)
+  table = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()[4:]]
+  assert len(table) == len(report_previous.PREVIOUS_ANALYSES)
+  by_claim = {cells[0]: cells for cells in table}
+  assert by_claim["inserted Lngram has more stable addresses (B.2)"][2:] == [
+      "reproduced (one seed, CIs disjoint)",
+      "not reproduced (one seed, CIs disjoint) -> reproduced (one seed, CIs disjoint)"]
+  assert by_claim["the joint signature carries more than the single-code marginals (C.3)"][
+      2:] == ["inconclusive at this scale", "unchanged"]
+  with pytest.raises(KeyError, match="is not an analysis claim"):
+    report_previous.analysis_section(rows[1:])
