@@ -130,11 +130,12 @@ def analysis_section(rows: list[tuple[str, str, str, str]]) -> str:
   lines = ["The previous section's ID and insertion analyses (one run each: the best-loss r64 "
            "seed, the seed-0 insertion) beside this design's (every seed; the analysis table "
            "above).", "",
-           "| claim | previous verdict | verdict now | change |", "|---|---|---|---|"]
+           "| change | claim | previous verdict | verdict now |", "|---|---|---|---|"]
   for claim, printed in PREVIOUS_ANALYSES:
     if claim not in now:
       raise KeyError(f"the previous analysis {claim!r} is not an analysis claim of the report")
     moved = ("unchanged" if head(printed) == head(now[claim])
              else f"{head(printed)} -> {head(now[claim])}")
-    lines.append(f"| {claim} | {printed} | {head(now[claim])} | {moved} |")
+    # The change leads: a row starting with the claim would repeat the analysis table's.
+    lines.append(f"| {moved} | {claim} | {printed} | {head(now[claim])} |")
   return "\n".join(lines)
