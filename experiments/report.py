@@ -360,15 +360,16 @@ def family_tests(results) -> tuple[list[tuple[str, str, str, dict, dict, float]]
           in zip(family, tests, stats.holm(raw), strict=True)], m
 
 
-def family_verdicts(results) -> dict[tuple[str, str], tuple[int, str]]:
-  """{(setting, claim): (n paired seeds, verdict)} of the family, as the summary shows."""
-  tested, _ = family_tests(results)
+def family_verdicts(tested) -> dict[tuple[str, str], tuple[int, str]]:
+  """{(setting, claim): (n paired seeds, verdict)} of `family_tests`' claims, as the summary
+  shows them."""
   return {(setting, claim): (test["n"], stats.verdict(test, holm_p))
           for setting, claim, _, _, test, holm_p in tested}
 
 
 def summary(results, root: Path | None = None) -> str:
-  """The claim family's table: paired differences over seeds, Holm over the family."""
+  """The claim family's table: paired differences over seeds, Holm over the family; the
+  controls; with `root`, the analysis claims; the previous section's verdicts beside these."""
   tested, m = family_tests(results)
   lines = [f"Paired by seed: Δ = the claim's 'worse' arm minus its 'better' arm in final "
            f"validation bits per unit (> 0: the claim's direction), mean over seeds with its "
@@ -395,11 +396,13 @@ def summary(results, root: Path | None = None) -> str:
                                                             stats.ALPHA)
     lines.append(f"| {setting} | {claim} | {n_} | {diff} | {boot} | {pt} | {flips} | "
                  f"{verdict} |")
+  previous = ["", report_previous.section(family_verdicts(tested))]
   if root is not None:
+    rows = analysis_claims(root)
     lines += ["", "| claim | paper | ours | verdict |", "|---|---|---|---|"]
-    lines += [f"| {claim} | {paper} | {ours} | {why} |"
-              for claim, paper, ours, why in analysis_claims(root)]
-  return "\n".join(lines)
+    lines += [f"| {claim} | {paper} | {ours} | {why} |" for claim, paper, ours, why in rows]
+    previous += ["", report_previous.analysis_section(rows)]
+  return "\n".join(lines + previous)
 
 
 def pending_runs(root: Path) -> list[str]:
@@ -423,8 +426,7 @@ def report(root: Path, out: Path) -> str:
   if pending:
     parts += [f"Runs pending ({len(pending)} of {len(reproduce.plan())}; "
               "`python -m experiments.reproduce run`): " + ", ".join(pending), ""]
-  parts += [summary(results, root), "", report_previous.section(family_verdicts(results)), "",
-            report_previous.analysis_section(analysis_claims(root)), ""]
+  parts += [summary(results, root), ""]
   mismatched = flag_mismatches(results)
   if mismatched:
     parts += [mismatched, ""]

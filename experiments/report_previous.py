@@ -93,12 +93,13 @@ def head(verdict: str) -> str:
   return verdict.split(":", 1)[0].strip()
 
 
+def _moved(before: str, now: str) -> str:
+  return "unchanged" if before == now else f"{before} -> {now}"
+
+
 def change(previous: str, now: str) -> str:
   """'unchanged', 'pending' (this design has no verdict yet) or 'previous -> now'."""
-  if now == "pending":
-    return "pending"
-  before = _CATEGORY[previous]
-  return "unchanged" if before == now else f"{before} -> {now}"
+  return "pending" if now == "pending" else _moved(_CATEGORY[previous], now)
 
 
 def section(verdicts: dict[tuple[str, str], tuple[int, str]]) -> str:
@@ -134,8 +135,7 @@ def analysis_section(rows: list[tuple[str, str, str, str]]) -> str:
   for claim, printed in PREVIOUS_ANALYSES:
     if claim not in now:
       raise KeyError(f"the previous analysis {claim!r} is not an analysis claim of the report")
-    moved = ("unchanged" if head(printed) == head(now[claim])
-             else f"{head(printed)} -> {head(now[claim])}")
+    moved = _moved(head(printed), head(now[claim]))
     # The change leads: a row starting with the claim would repeat the analysis table's.
     lines.append(f"| {moved} | {claim} | {printed} | {head(now[claim])} |")
   return "\n".join(lines)

@@ -343,7 +343,7 @@ def test_the_token_setting_s_validation_is_capped_and_its_split_checked(tmp_path
 
 def test_the_previous_section_s_verdicts_sit_beside_the_computed_ones(five_pairs):
   root, _, _ = five_pairs
-  verdicts = report.family_verdicts(results.collect(root))
+  verdicts = report.family_verdicts(report.family_tests(results.collect(root))[0])
   assert verdicts[("bytes", "Lngram v2 r16 beats the memory-free baseline")] == (5, "supported")
   assert verdicts[("tokens", "v2 r16 vs Engram")] == (0, "pending")
   text = report_previous.section(verdicts)
