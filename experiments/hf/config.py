@@ -10,6 +10,7 @@ does not load. Mapping and deviations: DESIGN.md §11.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -30,6 +31,20 @@ _DTYPES = ("float32", "bfloat16", "float16", "float64")
 BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                    "ffn_dim", "rope_theta", "rope_scaling", "tie_embeddings", "norm_eps",
                    "qkv_bias", "qk_norm", "norm_scale_in_dtype", "moe_layers", "moe")
+
+
+@contextlib.contextmanager
+def config_json_errors():
+  """Turns a missing field (KeyError) or a value the config refuses (ValueError) inside the
+  block into a one-line HFCheckpointError that names config.json."""
+  try:
+    yield
+  except HFCheckpointError:
+    raise
+  except KeyError as e:
+    raise HFCheckpointError(f"config.json: missing field {e.args[0]!r}.") from None
+  except ValueError as e:
+    raise HFCheckpointError(f"config.json: {e}") from None
 
 
 def read_config_json(hf_dir) -> dict:
@@ -106,7 +121,7 @@ def hf_lm_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> LMC
   if refused:
     raise HFCheckpointError(f"config.json: {', '.join(f'{k}={hf.get(k)!r}' for k in refused)}"
                             " not supported by the decoder.")
-  try:
+  with config_json_errors():
     n_heads = int(hf["num_attention_heads"])
     d_model = int(hf["hidden_size"])
     theta, scaling = _rope(hf)
@@ -129,12 +144,6 @@ def hf_lm_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> LMC
         init_std=float(hf.get("initializer_range", 0.02)),
         qkv_bias=qkv_bias, qk_norm=model_type in QK_NORM, norm_scale_in_dtype=True,
         dtype=dtype or held, param_dtype=param_dtype or held, **moe)
-  except KeyError as e:
-    raise HFCheckpointError(f"config.json: missing field {e.args[0]!r}.") from None
-  except ValueError as e:
-    if isinstance(e, HFCheckpointError):
-      raise
-    raise HFCheckpointError(f"config.json: {e}") from None
 
 
 def check_matches(hf_config: LMConfig, config: LMConfig) -> None:

@@ -21,7 +21,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from experiments.hf.config import BACKBONE_FIELDS, hf_lm_config, read_config_json
+from experiments.hf.config import (BACKBONE_FIELDS, config_json_errors, hf_lm_config,
+                                  read_config_json)
 from experiments.hf.load import _named, _put, _strip, check_tensor_set
 from experiments.hf.qwen3vl_names import VISION_PREFIX, qwen3vl_shapes, qwen3vl_targets
 from experiments.hf.safetensors_io import Checkpoint, HFCheckpointError
@@ -74,7 +75,7 @@ def qwen3vl_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> Q
   lm = hf_lm_config(as_qwen3, dtype=dtype, param_dtype=param_dtype, max_len=max_len)
   rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
   section = tuple(rope.get("mrope_section") or ())
-  try:
+  with config_json_errors():
     lm = lm.replace(mrope_section=section,
                     mrope_interleaved=bool(rope.get("mrope_interleaved", False)))
     pvm = _pvm(text, lm)
@@ -93,12 +94,6 @@ def qwen3vl_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> Q
     ids = {k: int(hf[k]) for k in ("image_token_id", "video_token_id",
                                    "vision_start_token_id", "vision_end_token_id")}
     return Qwen3VLConfig(text=lm, vision=tower, **ids)
-  except KeyError as e:
-    raise HFCheckpointError(f"config.json: missing field {e.args[0]!r}.") from None
-  except ValueError as e:
-    if isinstance(e, HFCheckpointError):
-      raise
-    raise HFCheckpointError(f"config.json: {e}") from None
 
 
 def _targets(config: Qwen3VLConfig, ckpt: Checkpoint) -> dict:
