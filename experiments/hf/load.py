@@ -72,6 +72,36 @@ def _strip(path):
                if not (isinstance(k, jax.tree_util.GetAttrKey) and k.name == "value"))
 
 
+def copy_params(model, targets: dict, ckpt: Checkpoint, hf_dir, sharding_of=None) -> list:
+  """Sets each parameter of `model` named in `targets` from the checkpoint's tensors.
+
+  A parameter with no target keeps its value (a branch the checkpoint lacks); in an
+  abstract model (shape-only) that is an error. sharding_of(name, shape) places a
+  tensor shard by shard; default whole on the default device. Returns the names of
+  the parameters left as they were.
+  """
+  params = nnx.state(model, nnx.Param)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  new, fresh = [], []
+  for path, leaf in leaves:
+    name = path_str(_strip(path))
+    target = targets.get(name)
+    if target is None:
+      if isinstance(leaf, jax.ShapeDtypeStruct):
+        raise HFCheckpointError(f"{hf_dir}: no tensor for parameter {name}.")
+      fresh.append(name)
+      new.append(leaf)
+      continue
+    host = target.build(*(ckpt.tensor(s) for s in target.sources))   # a lazy view
+    if tuple(np.shape(host)) != tuple(leaf.shape):
+      raise HFCheckpointError(f"{hf_dir}: parameter {name} would get shape "
+                              f"{list(np.shape(host))}, the model has {list(leaf.shape)}.")
+    sharding = sharding_of(name, tuple(leaf.shape)) if sharding_of is not None else None
+    new.append(_put(lambda h=host: h, tuple(leaf.shape), leaf.dtype, sharding))
+  nnx.update(model, jax.tree_util.tree_unflatten(treedef, new))
+  return fresh
+
+
 def fill_backbone(model: DecoderLM, hf_dir, *, mesh=None, rules=None) -> dict:
   """Sets every backbone parameter of `model` (abstract or concrete) from the checkpoint.
 
@@ -85,25 +115,11 @@ def fill_backbone(model: DecoderLM, hf_dir, *, mesh=None, rules=None) -> dict:
   ckpt = Checkpoint(hf_dir)
   check_tensors(ckpt, model.config)
   targets = param_targets(model.config, qwen3_moe.layout_of(ckpt.names()))
-  params = nnx.state(model, nnx.Param)
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  new, fresh = [], []
-  for path, leaf in leaves:
-    name = path_str(_strip(path))
-    target = targets.get(name)
-    if target is None:
-      if isinstance(leaf, jax.ShapeDtypeStruct):
-        raise HFCheckpointError(f"{hf_dir}: no tensor for parameter {name}.")
-      fresh.append(name)
-      new.append(leaf)
-      continue
-    sharding = None
-    if mesh is not None:
-      sharding = NamedSharding(mesh, param_spec(tuple(name.split("/")), leaf.shape, mesh,
-                                                rules))
-    host_fn = lambda t=target: t.build(*(ckpt.tensor(s) for s in t.sources))  # noqa: E731
-    new.append(_put(host_fn, tuple(leaf.shape), leaf.dtype, sharding))
-  nnx.update(model, jax.tree_util.tree_unflatten(treedef, new))
+  sharding_of = None
+  if mesh is not None:
+    sharding_of = lambda name, shape: NamedSharding(  # noqa: E731
+        mesh, param_spec(tuple(name.split("/")), shape, mesh, rules))
+  fresh = copy_params(model, targets, ckpt, hf_dir, sharding_of)
   return {"copied": len(targets), "fresh": fresh}
 
 

@@ -21,14 +21,17 @@ import jax
 import numpy as np
 from flax import nnx
 
-from experiments.hf.config import (BACKBONE_FIELDS, config_json_errors, hf_lm_config,
-                                  read_config_json)
-from experiments.hf.load import _named, _put, _strip, check_tensor_set
+from experiments.hf.config import (
+  BACKBONE_FIELDS,
+  config_json_errors,
+  hf_lm_config,
+  read_config_json,
+)
+from experiments.hf.load import _named, check_tensor_set, copy_params
 from experiments.hf.qwen3vl_names import VISION_PREFIX, qwen3vl_shapes, qwen3vl_targets
 from experiments.hf.safetensors_io import Checkpoint, HFCheckpointError
 from experiments.qwen3vl.config import Qwen3VLConfig, VisionConfig
 from experiments.qwen3vl.model import Qwen3VL
-from experiments.trainer.optimizer import path_str
 
 MODEL_TYPE = "qwen3_vl"
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
@@ -147,23 +150,7 @@ def load_qwen3vl(hf_dir, *, config: Qwen3VLConfig | None = None, dtype=None, par
   build = lambda: Qwen3VL(config, rngs=nnx.Rngs(0))  # noqa: E731
   branched = config.text.ffn_branch_layers or config.text.memory_layers
   model = build() if branched else nnx.eval_shape(build)
-  params = nnx.state(model, nnx.Param)
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  new = []
-  for path, leaf in leaves:
-    name = path_str(_strip(path))
-    target = targets.get(name)
-    if target is None:
-      if isinstance(leaf, jax.ShapeDtypeStruct):
-        raise HFCheckpointError(f"{hf_dir}: no tensor for parameter {name}.")
-      new.append(leaf)
-      continue
-    host = target.build(*(ckpt.tensor(s) for s in target.sources))
-    if tuple(np.shape(host)) != tuple(leaf.shape):
-      raise HFCheckpointError(f"{hf_dir}: parameter {name} would get shape "
-                              f"{list(np.shape(host))}, the model has {list(leaf.shape)}.")
-    new.append(_put(lambda h=host: h, tuple(leaf.shape), leaf.dtype, None))
-  nnx.update(model, jax.tree_util.tree_unflatten(treedef, new))
+  copy_params(model, targets, ckpt, hf_dir)
   return model, config
 
 
