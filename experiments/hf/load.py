@@ -58,11 +58,11 @@ def check_tensor_set(ckpt: Checkpoint, want: dict, ignore=lambda name: False) ->
                               f"config.json implies {list(shape)}.")
 
 
-def _put(host_fn, shape, dtype, sharding):
-  """One parameter on device: whole, or shard by shard from `host_fn()` (a lazy view)."""
+def _put(host, shape, dtype, sharding):
+  """One parameter on device: whole, or shard by shard from `host` (a host array, often a
+  memory-mapped view, so a shard reads only its own slice of the file)."""
   if sharding is None:
-    return jax.device_put(np.asarray(host_fn(), dtype=dtype))
-  host = host_fn()
+    return jax.device_put(np.asarray(host, dtype=dtype))
   return jax.make_array_from_callback(
       shape, sharding, lambda index: np.asarray(host[index], dtype=dtype))
 
@@ -92,12 +92,12 @@ def copy_params(model, targets: dict, ckpt: Checkpoint, hf_dir, sharding_of=None
       fresh.append(name)
       new.append(leaf)
       continue
-    host = target.build(*(ckpt.tensor(s) for s in target.sources))   # a lazy view
+    host = target.build(*(ckpt.tensor(s) for s in target.sources))
     if tuple(np.shape(host)) != tuple(leaf.shape):
       raise HFCheckpointError(f"{hf_dir}: parameter {name} would get shape "
                               f"{list(np.shape(host))}, the model has {list(leaf.shape)}.")
     sharding = sharding_of(name, tuple(leaf.shape)) if sharding_of is not None else None
-    new.append(_put(lambda h=host: h, tuple(leaf.shape), leaf.dtype, sharding))
+    new.append(_put(host, tuple(leaf.shape), leaf.dtype, sharding))
   nnx.update(model, jax.tree_util.tree_unflatten(treedef, new))
   return fresh
 
