@@ -55,11 +55,13 @@ PVM's long-answer rerun (`vlm_long`, experiments/RESULTS.md "Rerun design"): per
 `vlm_long_sft.py[:mlp|:none][,sN]` (`vlm_long/sft_<pvm|mlp|none>_sN`) from that base's
 checkpoint and on its rendered scenes. Its runs are the longest (sequences of ~1,000
 bytes; the final evaluation decodes 512 scenes up to 900 tokens), so `list` marks it and
-a queue without `--only` trains it after the Lngram runs. On one CPU core (10-step
-timings beside another run, halved): ~0.85 s/step in the short-answer phase of stage 0
-and ~6 s/step once all counts are in, so ~1 h a base; ~2 s/step for Stage I (batch 8),
-~25 min an arm: ~7 core-hours for the 12. A VLM run is done when its `metrics.json`
-(written after its final evaluation) exists.
+a queue without `--only` trains it after the Lngram runs. On one CPU core pinned beside
+another run (VLM_PRIOR_STEP_S): 0.85 s/step over stage 0's 1,800 steps of 1-2 objects and
+10.2 s/step over its 2,000 of every count, ~6.1 h a base; 3.5 s/step for Stage I (batch 8),
+~35 min an arm: ~24 core-hours of steps for the 12, before their final evaluations. (The
+estimate this replaced, ~7 core-hours from 10-step timings, priced the long phase at
+~6 s/step and then summed it as if it took ~1 h.) A VLM run is done when its
+`metrics.json` (written after its final evaluation) exists.
 
 `--smoke` runs the same queue with every config's `smoke` arg (seconds per run) under
 `--root` (default runs/repro_smoke): it checks the queue end to end.
@@ -68,15 +70,15 @@ Cost: `list` ends with the counts and the core-hours of training left, by the re
 times of each arm scaled to this machine's speed (`expected_train_s`, `speed_factor`):
 13-37 min of steps a 600-step byte run and 16-29 min a token run, on one core of a
 2-core machine beside another run, plus ~35% for start-up, evaluations and checkpoints
-(~33 core-hours for the 64 runs left on 2026-12-02 at those times, ~9 of them for the 12
-of `vlm_long`; the 2-core machine of that day trained ~1.6x faster); the `gpu` config
-arg runs the same comparison bigger on an accelerator. On 2 cores, two processes pinned
-to a core each with single-threaded XLA (`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false
-intra_op_parallelism_threads=1" taskset -c I python -m experiments.reproduce run --claim`,
-I = 0, 1) train ~12% more steps per second than one queue on both cores (one Lngram v2
-r16 run, 60 steps: 0.56 s/step alone vs 0.99 s/step each side by side). The
-thread count can change float rounding, so a run resumes bit-exactly only under the same
-flags it started with.
+(~33 core-hours for the 64 runs left on 2026-12-02 at those times, ~9 of them then
+priced for the 12 of `vlm_long`, which take ~24; the 2-core machine of that day trained
+~1.6x faster); the `gpu` config arg runs the same comparison bigger on an accelerator.
+On 2 cores, two processes pinned to a core each with single-threaded XLA
+(`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" taskset
+-c I python -m experiments.reproduce run --claim`, I = 0, 1) train ~12% more steps per
+second than one queue on both cores (one Lngram v2 r16 run, 60 steps: 0.56 s/step alone
+vs 0.99 s/step each side by side). The thread count can change float rounding, so a run
+resumes bit-exactly only under the same flags it started with.
 
 `analyze` runs `lngram-exp analyze` on every finished seed of Lngram v2 r16 and r64
 and of the random-router control (bytes: the record analyses of §3 and App. C), and
@@ -120,8 +122,9 @@ VLM_ARMS = (("sft_pvm", ""), ("sft_mlp", "mlp"), ("sft_none", "none"))   # name,
 EXPERIMENTS = (*SETTINGS, VLM)
 # Experiments trained after the rest (their runs are the longest): `list` prints the note.
 TRAINED_LAST = {VLM: "trained after the Lngram runs: ~1,000-byte sequences, 512 validation "
-                     "scenes decoded up to 900 tokens at the end of each run; ~7 hours on one "
-                     "CPU core for the 12 runs (`--only=vlm_long` runs them alone)"}
+                     "scenes decoded up to 900 tokens at the end of each run; ~24 hours of "
+                     "steps on one CPU core for the 12 runs, ~6 h a stage-0 base "
+                     "(`--only=vlm_long` runs them alone)"}
 FIVE_SEEDS = ("baseline", "lngram_r16", "engram")
 ARMS = {
     "bytes": ("baseline", "dense_active", "lngram_r16", "lngram_r64", "lngram_r16_mem128",
@@ -269,7 +272,8 @@ def plan() -> list[Run]:
 
 def vlm_plan() -> list[Run]:
   """PVM's long-answer rerun: one stage-0 base per seed, then each Stage I arm from it."""
-  runs = [Run(VLM, "base", "vlm_long_base.py" + (f":s{s}" if s else ""), s) for s in VLM_SEEDS]
+  runs = [Run(VLM, "base", "vlm_long_base.py" + (f":s{s}" if s else ""), s,
+              steps=sum(VLM_PHASE_STEPS["base"])) for s in VLM_SEEDS]
   for seed in VLM_SEEDS:
     base = f"{VLM}/base_s{seed}"
     start = (f"--config.vlm.stage.init_from={{root}}/{base}",
@@ -277,7 +281,7 @@ def vlm_plan() -> list[Run]:
     for name, arg in VLM_ARMS:
       args = ",".join(filter(None, (arg, f"s{seed}" if seed else "")))
       runs.append(Run(VLM, name, "vlm_long_sft.py" + (f":{args}" if args else ""), seed,
-                      start, after=base))
+                      start, after=base, steps=sum(VLM_PHASE_STEPS["sft"])))
   return runs
 
 
@@ -705,8 +709,28 @@ def _trained(run: Run, root: Path) -> None:
 DEADLINE_MARGIN = 1.35
 
 
-# Before any run of PVM's rerun is recorded: its timings on one core (the module docstring).
-VLM_PRIOR_S = {"base": 3600.0, "sft": 1500.0}
+# PVM's rerun in phases of steps: stage 0 trains vlm_long_base.py's curriculum (1,800 steps
+# of 1-2 objects, then 2,000 of every count), Stage I vlm_long_sft.py's 600 steps (a test
+# checks both against the configs).
+VLM_PHASE_STEPS = {"base": (1800, 2000), "sft": (600,)}
+# Before any run of the rerun is recorded: seconds per step of each phase, one core pinned
+# beside another run, single-threaded XLA (2-core AMD EPYC, 2026-12-03; stage 0 from its
+# first 2,000 steps, Stage I from 16 steps). The answers of every count make a stage-0 step
+# 12x dearer than one of 1-2 objects: ~6.1 h of steps a base, ~35 min a Stage I arm.
+VLM_PRIOR_STEP_S = {"base": (0.85, 10.2), "sft": (3.5,)}
+
+
+def _vlm_kind(run: Run) -> str:
+  return "base" if run.name == "base" else "sft"
+
+
+def vlm_prior_s(run: Run, done_steps: int = 0) -> float:
+  """The seconds of steps VLM_PRIOR_STEP_S gives a VLM run from step `done_steps` on."""
+  kind, left, start = _vlm_kind(run), 0.0, 0
+  for n, step_s in zip(VLM_PHASE_STEPS[kind], VLM_PRIOR_STEP_S[kind], strict=True):
+    left += step_s * max(0, min(n, start + n - done_steps))
+    start += n
+  return left
 
 
 def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float | None:
@@ -715,9 +739,10 @@ def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float
   time (run_records.train_seconds) of the recorded runs of its arm and setting, else the
   longest of its setting's (an arm not yet recorded may be the slowest), else (a setting
   with nothing recorded yet) the longest of its arm in the other LM setting, else of any
-  LM run, and for the VLM rerun its one-core timings (VLM_PRIOR_S); times this
+  LM run, and for the VLM rerun its one-core timings (VLM_PRIOR_STEP_S); times this
   machine's `speed_factor` (`factor`, computed when None), times the share of its steps
-  still to train. None when nothing applies."""
+  still to train (for the VLM rerun, the share of its prior time: its phases' steps
+  differ 12x in cost). None when nothing applies."""
   rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
   done_steps = min(max(int(rows[-1]["step"]) if rows else 0, 0), steps(run))
   if run.experiment in SETTINGS:
@@ -734,10 +759,13 @@ def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float
     if found:
       typical = max(found)
     elif run.experiment == VLM:
-      typical = VLM_PRIOR_S["base" if run.name == "base" else "sft"]
+      typical = vlm_prior_s(run)
     else:
       return None
-  left = 1.0 - done_steps / max(steps(run), 1)
+  if run.experiment == VLM:
+    left = vlm_prior_s(run, done_steps) / vlm_prior_s(run)
+  else:
+    left = 1.0 - done_steps / max(steps(run), 1)
   factor = speed_factor(root) if factor is None else factor
   return typical * factor * left * DEADLINE_MARGIN
 

@@ -267,6 +267,11 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   assert c.vlm.scenes.data_dir == str(tmp_path / "vlm_long" / "base_s2" / "data")
   assert (c.train.seed, c.vlm.branch.kind, c.vlm.stage.name) == (2, "mlp", "sft")
   assert vlm[0].command(tmp_path, smoke=True)[2].endswith("vlm_long_base.py:smoke")
+  # The plan's phases and steps are the configs': stage 0's curriculum, Stage I's steps.
+  base_c = config_from_command_line(vlm[0].command(tmp_path)[2].split("=", 1)[1], [])
+  phases = tuple(int(p.split(":")[0]) for p in base_c.vlm.stage.curriculum.split(","))
+  assert phases == reproduce.VLM_PHASE_STEPS["base"] and vlm[0].steps == sum(phases)
+  assert (c.train.steps,) == reproduce.VLM_PHASE_STEPS["sft"] and vlm[3].steps == c.train.steps
   order = [r.key for r in reproduce.training_order(reproduce.plan(), {r.key: r for r in
                                                                      reproduce.plan()})]
   first = order.index("vlm_long/base_s0")
@@ -276,8 +281,8 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   assert reproduce.main(["list", "--only=vlm_long", f"--root={tmp_path}"]) == 0
   out = capsys.readouterr().out.splitlines()
   assert out[0].startswith("note  vlm_long: trained after the Lngram runs") and len(out) == 14
-  # Nothing recorded: the training left is VLM_PRIOR_S's (3 bases, 9 Stage I runs).
-  left_h = (3 * 3600 + 9 * 1500) * reproduce.DEADLINE_MARGIN / 3600
+  # Nothing recorded: the training left is VLM_PRIOR_STEP_S's (3 bases, 9 Stage I runs).
+  left_h = (3 * (1800 * 0.85 + 2000 * 10.2) + 9 * 600 * 3.5) * reproduce.DEADLINE_MARGIN / 3600
   assert out[-1].startswith(f"queue: 12 todo of 12 runs; ~{left_h:.1f} core-hours of training")
   calls = []
   monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)

@@ -178,6 +178,21 @@ def test_the_queue_records_each_run_it_trains_and_skips_recorded_ones(tmp_path, 
   assert "| 0, 1 |" in row
 
 
+def test_a_vlm_base_s_time_left_follows_its_phases_not_its_step_count(tmp_path, by_key):
+  # Stage 0's 2,000 steps of every count cost 12x its 1,800 of 1-2 objects: at step 1,800
+  # ~93% of the prior time is left, not 53%.
+  base, margin = by_key["vlm_long/base_s0"], reproduce.DEADLINE_MARGIN
+  assert base.steps == 3800
+  workdir = reproduce.run_dir(base, tmp_path)
+  workdir.mkdir(parents=True)
+  for done, left_s in ((900, 900 * 0.85 + 2000 * 10.2), (1800, 2000 * 10.2),
+                       (2800, 1000 * 10.2), (3800, 0.0)):
+    (workdir / "metrics.jsonl").write_text(json.dumps({"step": done}) + "\n")
+    assert reproduce.vlm_prior_s(base, done) == pytest.approx(left_s)
+    assert reproduce.expected_train_s(base, tmp_path, factor=1.0) == pytest.approx(
+        left_s * margin)
+
+
 def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_it(
     tmp_path, by_key, monkeypatch, capsys):
   pkm0, pkm1, pkm2 = (by_key[f"bytes/pkm_s{s}"] for s in range(3))
@@ -190,9 +205,9 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
   assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path) == pytest.approx(
       600.0 * margin)
   assert reproduce.expected_train_s(by_key["vlm_long/base_s0"], tmp_path) == pytest.approx(
-      reproduce.VLM_PRIOR_S["base"] * margin)
+      (1800 * 0.85 + 2000 * 10.2) * margin)
   assert reproduce.expected_train_s(by_key["vlm_long/sft_mlp_s1"], tmp_path) == pytest.approx(
-      reproduce.VLM_PRIOR_S["sft"] * margin)
+      600 * 3.5 * margin)
   assert reproduce.expected_train_s(by_key["tokens/pkm_s0"], tmp_path / "none") is None
   # An arm not yet recorded: the setting's longest run.
   engram = by_key["bytes/engram_s0"]
