@@ -720,13 +720,9 @@ VLM_PHASE_STEPS = {"base": (1800, 2000), "sft": (600,)}
 VLM_PRIOR_STEP_S = {"base": (0.85, 10.2), "sft": (3.5,)}
 
 
-def _vlm_kind(run: Run) -> str:
-  return "base" if run.name == "base" else "sft"
-
-
 def vlm_prior_s(run: Run, done_steps: int = 0) -> float:
   """The seconds of steps VLM_PRIOR_STEP_S gives a VLM run from step `done_steps` on."""
-  kind, left, start = _vlm_kind(run), 0.0, 0
+  kind, left, start = ("base" if run.name == "base" else "sft"), 0.0, 0
   for n, step_s in zip(VLM_PHASE_STEPS[kind], VLM_PRIOR_STEP_S[kind], strict=True):
     left += step_s * max(0, min(n, start + n - done_steps))
     start += n
