@@ -168,7 +168,9 @@ def claims_table(root: Path) -> str:
     mde = stats.min_detectable_effect(test["sd"], n, alpha=stats.ALPHA / m)
     verdict = stats.verdict(test, holm_p)
     if verdict == "pending":
-      verdict = f"pending: n = {n} seeds ({', '.join(map(str, seeds)) or 'none'} done)"
+      done = (f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+              if seeds else "none")
+      verdict = f"pending: n = {n} seed{'' if n == 1 else 's'} ({done} done)"
     lines.append(f"| {claim} | {paper} | {n} | {diff} | {boot} | {_fmt(test['p'], 3, False)} | "
                  f"{flip} | {_fmt(holm_p, 3, False)} | {_fmt(mde, 3, False)} | {verdict} |")
   return "\n".join(lines)

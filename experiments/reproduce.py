@@ -720,9 +720,14 @@ VLM_PHASE_STEPS = {"base": (1800, 2000), "sft": (600,)}
 VLM_PRIOR_STEP_S = {"base": (0.85, 10.2), "sft": (3.5,)}
 
 
+def vlm_stage(run: Run) -> str:
+  """A VLM run's stage, the key of VLM_PHASE_STEPS: "base" (stage 0) or "sft" (Stage I)."""
+  return "base" if run.name == "base" else "sft"
+
+
 def vlm_prior_s(run: Run, done_steps: int = 0) -> float:
   """The seconds of steps VLM_PRIOR_STEP_S gives a VLM run from step `done_steps` on."""
-  kind, left, start = ("base" if run.name == "base" else "sft"), 0.0, 0
+  kind, left, start = vlm_stage(run), 0.0, 0
   for n, step_s in zip(VLM_PHASE_STEPS[kind], VLM_PRIOR_STEP_S[kind], strict=True):
     left += step_s * max(0, min(n, start + n - done_steps))
     start += n
@@ -733,12 +738,12 @@ def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float
   """What training `run` from where its directory stands should take, x DEADLINE_MARGIN:
   a run with steps logged here, its own step time x the steps left; else the median
   time (run_records.train_seconds) of the recorded runs of its arm and setting, else the
-  longest of its setting's (an arm not yet recorded may be the slowest), else (a setting
-  with nothing recorded yet) the longest of its arm in the other LM setting, else of any
-  LM run, and for the VLM rerun its one-core timings (VLM_PRIOR_STEP_S); times this
-  machine's `speed_factor` (`factor`, computed when None), times the share of its steps
-  still to train (for the VLM rerun, the share of its prior time: its phases' steps
-  differ 12x in cost). None when nothing applies."""
+  longest of its setting's (an arm not yet recorded may be the slowest; for the VLM rerun,
+  of its stage's), else (a setting with nothing recorded yet) the longest of its arm in
+  the other LM setting, else of any LM run, and for the VLM rerun its one-core timings
+  (VLM_PRIOR_STEP_S); times this machine's `speed_factor` (`factor`, computed when
+  None), times the share of its steps still to train (for the VLM rerun, the share of its
+  prior time: its phases' steps differ 12x in cost). None when nothing applies."""
   rows = [r for r in read_metrics(run_dir(run, root)) if "step" in r]
   done_steps = min(max(int(rows[-1]["step"]) if rows else 0, 0), steps(run))
   if run.experiment in SETTINGS:
@@ -769,9 +774,9 @@ def expected_train_s(run: Run, root: Path, factor: float | None = None) -> float
 # The analyses `run --analyze` gives a run after it trains, before any is timed here
 # (ANALYSIS_SECONDS), in the records' time (x speed_factor): the four record analyses of a
 # bytes r16 / r64 / frozen-router run took 3.8-5.5 min on a machine of factor 0.70 (from
-# the runs' file times); PVM's attention analysis (64 scenes decoded up to 900 tokens) has
-# not been timed yet, so it is given a generous 15 min.
-ANALYSIS_PRIOR_S = {"record": 480.0, "vlm": 900.0}
+# the runs' file times); PVM's attention analysis (64 scenes decoded up to 900 tokens) took
+# 102 s on one pinned core of a machine of factor ~1.0 (2026-12-03), given 3 min.
+ANALYSIS_PRIOR_S = {"record": 480.0, "vlm": 180.0}
 # {"name,name": seconds} in the run directory: this machine's timing, not part of a record.
 ANALYSIS_SECONDS = "analyze_seconds.json"
 
@@ -811,7 +816,8 @@ def expected_analysis_s(run: Run, root: Path, factor: float | None = None) -> fl
 def _recorded_seconds(run: Run, root: Path, *, same_arm: bool, same_setting: bool,
                       but: str | None = None) -> list[float]:
   """The recorded training times (`run_records.run_provenance`) of the runs of `run`'s
-  arm and/or setting (an LM run: the LM settings only), leaving out the run `but`."""
+  arm and/or setting (an LM run: the LM settings only; a VLM run: its stage's), leaving
+  out the run `but`."""
   found = []
   for other in plan():
     if other.key == but:
@@ -823,6 +829,8 @@ def _recorded_seconds(run: Run, root: Path, *, same_arm: bool, same_setting: boo
       continue
     if same_arm and other.name != run.name:
       continue
+    if run.experiment == VLM and vlm_stage(other) != vlm_stage(run):
+      continue   # a base trains ~10x longer than a Stage I arm: not its time
     seconds = run_records.run_provenance(run_dir(other, records_root(root)))["train_s"]
     if seconds is not None and recorded(other, root):
       found.append(float(seconds))

@@ -49,24 +49,49 @@ def _metrics_rows(workdir: Path) -> list[dict]:
 
 
 def train_seconds(workdir: Path) -> float | None:
-  """The time a run takes: a VLM run's metrics.json (training + its final decoding
-  evaluation); else its steady step time, the median over the logged intervals of each
-  interval's mean step time, times its last logged step. The median ignores what
-  lands in a few intervals: compilation (the first), a pause (a queue stopped while
-  tests run stops the clock of no interval: the whole pause lands in one), a resume (a
-  step logged twice is one interval), so unlike file times it measures the run, not
-  the machine's day; evaluations and checkpoint writes are left out. None when nothing
-  is logged."""
+  """The time a run takes, measured so that it describes the run, not the machine's day.
+
+  An LM run: its steady step time, the median over the logged intervals of each
+  interval's mean step time, times its last logged step. The median ignores what lands
+  in a few intervals: compilation (the first), a pause (a queue stopped while tests run
+  stops the clock of no interval: the whole pause lands in one), a resume (a step logged
+  twice is one interval); evaluations and checkpoint writes are left out.
+
+  A VLM run (it writes `metrics.json`): the same intervals integrated under a rolling
+  median (`_rolling_steady_seconds`), since its curriculum's phases differ ~12x in step
+  cost and one median would price every step at the slow phase's rate, plus its final
+  decoding evaluation (`eval_seconds`). Its own `train_seconds` counts only the last
+  segment of a resumed run, so it is the fallback when no step time is logged.
+
+  None when nothing is logged."""
   workdir = Path(workdir)
+  per_step = _step_times(workdir)
   try:
     done = json.loads((workdir / "metrics.json").read_text())
-    return float(done["train_seconds"]) + float(done.get("eval_seconds") or 0.0)
+    steady = _rolling_steady_seconds(per_step) if per_step else float(done["train_seconds"])
+    return steady + float(done.get("eval_seconds") or 0.0)
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     pass
-  per_step = _step_times(workdir)
   if not per_step:
     return None
   return _median(list(per_step.values())) * max(per_step)
+
+
+ROLLING_INTERVALS = 5   # each side: a window of 11 logged intervals
+
+
+def _rolling_steady_seconds(per_step: dict[int, float]) -> float:
+  """Sum over the logged intervals of (steps in the interval) x (the median step time of
+  the intervals within ROLLING_INTERVALS of it): follows a change of step cost between
+  phases, ignores an interval that holds a compilation or a pause."""
+  steps = sorted(per_step)
+  times = [per_step[s] for s in steps]
+  total, previous = 0.0, 0
+  for i, step in enumerate(steps):
+    window = times[max(0, i - ROLLING_INTERVALS): i + ROLLING_INTERVALS + 1]
+    total += _median(window) * (step - previous)
+    previous = step
+  return total
 
 
 def _step_times(workdir: Path) -> dict[int, float]:

@@ -110,4 +110,6 @@ def test_claims_wait_for_seeds_and_the_premise_for_its_analysis(tmp_path):
   _write(tmp_path, "base", 1, attention=_fading(0.3, step=20))
   jobs, skipped = reproduce.analysis_jobs(tmp_path)
   assert "vlm_long/base_s1" not in {run.key for run, _, _ in jobs}
+  premise = report_vlm.claims_table(tmp_path).splitlines()[4]
+  assert premise.endswith("| pending: n = 1 seed (seed 1 done) |")
   assert ("vlm_long/base_s1", "already written: attention (--force redoes it)") in skipped

@@ -193,6 +193,26 @@ def test_a_vlm_base_s_time_left_follows_its_phases_not_its_step_count(tmp_path, 
         left_s * margin)
 
 
+def test_a_recorded_vlm_base_times_the_other_bases_not_the_stage_i_arms(tmp_path, by_key):
+  base0, base1, sft0 = (by_key[k] for k in ("vlm_long/base_s0", "vlm_long/base_s1",
+                                            "vlm_long/sft_pvm_s0"))
+  workdir = reproduce.run_dir(base0, tmp_path / "elsewhere")
+  workdir.mkdir(parents=True)
+  (workdir / reproduce.STAMP).write_text(json.dumps(reproduce.stamp(base0)))
+  (workdir / "metrics.json").write_text(json.dumps({"train_seconds": 1.0,
+                                                    "eval_seconds": 0.0}))
+  rows = [{"step": s, "time/step_s": 2.0 if s <= 1800 else 20.0} for s in range(20, 3801, 20)]
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  run_records.write_record(workdir, reproduce.run_dir(base0, reproduce.records_root(tmp_path)))
+  assert reproduce.recorded(base0, tmp_path)
+  margin = reproduce.DEADLINE_MARGIN
+  base_s = pytest.approx(1800 * 2.0 + 2000 * 20.0, rel=0.01)
+  assert reproduce.expected_train_s(base1, tmp_path, factor=1.0) / margin == base_s
+  # A Stage I arm with no Stage I run recorded keeps its prior, not a base's 10x time.
+  assert reproduce.expected_train_s(sft0, tmp_path, factor=1.0) == pytest.approx(
+      reproduce.vlm_prior_s(sft0) * margin)
+
+
 def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_it(
     tmp_path, by_key, monkeypatch, capsys):
   pkm0, pkm1, pkm2 = (by_key[f"bytes/pkm_s{s}"] for s in range(3))
@@ -252,9 +272,26 @@ def test_train_seconds_is_the_steady_step_time_not_pauses_or_compilation(tmp_pat
       "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 70, "time/st')   # cut by a kill
   assert run_records.train_seconds(tmp_path) == pytest.approx(1.1 * 60)
   assert run_records.train_seconds(tmp_path / "none") is None
-  # A VLM run: its own account of training and its final decoding evaluation.
+
+
+def test_vlm_train_seconds_follow_its_phases_and_span_resumes(tmp_path):
+  # 30 cheap intervals (1 s/step), then 30 costly ones (12 s/step) with a compilation
+  # after a resume and a 40-minute pause; 10 steps an interval, then a 20 s evaluation.
+  rows = [{"step": 10 * (i + 1), "time/step_s": 1.0} for i in range(30)]
+  rows += [{"step": 10 * (i + 31), "time/step_s": 12.0} for i in range(30)]
+  rows[40]["time/step_s"] = 90.0                                   # compiling (resumed)
+  rows[50]["time/step_s"] = 250.0                                  # stopped for 40 min
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  # Its own train_seconds counts only the segment after the last resume.
   (tmp_path / "metrics.json").write_text(json.dumps({"train_seconds": 100.0,
                                                      "eval_seconds": 20.0}))
+  expected = 300 * 1.0 + 300 * 12.0 + 20.0
+  assert run_records.train_seconds(tmp_path) == pytest.approx(expected, rel=0.05)
+  # The single-median rule would price the cheap phase at 12 s/step.
+  assert 600 * 12.0 > 1.5 * expected
+  assert run_records.run_provenance(tmp_path)["train_s"] == run_records.train_seconds(tmp_path)
+  # No step time logged: its own account of training and of its final evaluation.
+  (tmp_path / "metrics.jsonl").unlink()
   assert run_records.train_seconds(tmp_path) == 120.0
   assert run_records.run_provenance(tmp_path) == {"corpus": None, "tokenizer": None,
                                                   "train_s": 120.0}
