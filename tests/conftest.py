@@ -2,7 +2,8 @@
 
 Runs before any test module imports jax: exposes 8 host (CPU) devices so that
 sharding tests work on a single machine, and turns on a persistent compilation
-cache. The platform itself is not forced, so a GPU or TPU is used when present.
+cache, which child processes share. The platform itself is not forced, so a GPU
+or TPU is used when present.
 """
 
 import os
@@ -28,9 +29,16 @@ def _set_config(name, value):
         pass
 
 
-_set_config("jax_compilation_cache_dir", _CACHE_DIR)
-_set_config("jax_persistent_cache_min_compile_time_secs", 0.5)
-_set_config("jax_persistent_cache_min_entry_size_bytes", 0)
+_CACHE_SETTINGS = {
+    "jax_compilation_cache_dir": _CACHE_DIR,
+    "jax_persistent_cache_min_compile_time_secs": 0.5,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+}
+for _name, _value in _CACHE_SETTINGS.items():
+    _set_config(_name, _value)
+    # Child processes (CLI runs, kill-and-resume runs) copy os.environ: with these they
+    # reuse what this session compiled instead of compiling the same step again.
+    os.environ[_name.upper()] = str(_value)
 
 
 def pytest_collection_modifyitems(config, items):

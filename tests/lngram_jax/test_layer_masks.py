@@ -5,8 +5,6 @@ and every gradient, are those of a zero there. A `valid` mask is bool, or
 numbers that are all 0 or 1; a mask of 2s used to scale Y by 2.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,8 +102,9 @@ def test_sharded_layer_ignores_nan_at_padding():
   model = _live()
   h_bad, valid = _masked_inputs(np.nan, length=20)   # padding from 6 on: in both seq shards
   h_zero, _ = _masked_inputs(0.0, length=20)
-  apply = functools.partial(sharded_layer_apply, model, mesh=mesh, sharding=ShardingConfig(),
-                            valid=valid)
+  # Under jit, as in training: an eager shard_map runs (and compiles) op by op.
+  apply = jax.jit(lambda h: sharded_layer_apply(model, h, mesh=mesh, sharding=ShardingConfig(),
+                                                valid=valid))
   y_bad, y_zero = apply(h_bad), apply(h_zero)
   assert not bool(jnp.isnan(y_bad).any())
   np.testing.assert_allclose(y_bad, y_zero, rtol=0, atol=0)
