@@ -13,7 +13,8 @@ import os
 # second skips LLVM's optimisation of the generated code (XLA's own passes still run):
 # the tests' arrays are tiny, so their time goes to compiling, and a third of it to
 # those passes (a compile-heavy subset, cold cache, side by side: 259 -> 173 s). The
-# programs, and every tolerance the tests hold them to, are the same.
+# codegen may round a last bit differently, so a child process whose results are
+# compared with this one's keeps these flags (only the device count may change).
 _TEST_XLA_FLAGS = {
     "--xla_force_host_platform_device_count": "8",
     "--xla_backend_optimization_level": "0",

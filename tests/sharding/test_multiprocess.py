@@ -27,7 +27,10 @@ def _free_port() -> int:
 
 def _child_env() -> dict[str, str]:
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  # The suite's other XLA flags stay (tests/conftest.py): compiled with other codegen
+  # flags, the children would round differently from this process's reference.
+  flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+  env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
   # Share this run's persistent compilation cache (JAX lets one process write it).
