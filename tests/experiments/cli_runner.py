@@ -5,18 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, timeout=300, cwd=ROOT):
   """The finished process (stdout/stderr as text) of `python -m experiments *args`."""
   env = dict(os.environ)
-  # Reuse the test session's persistent compilation cache in the child.
-  env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir or ""
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
-  env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
   return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=timeout)

@@ -227,9 +227,6 @@ def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path):
   env = dict(os.environ, XLA_FLAGS=" ".join([*flags, "--xla_force_host_platform_device_count=4"]),
              JAX_PLATFORMS="cpu")
   env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-  cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
-  if cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
   workdir = tmp_path / "two_processes"
   command = [sys.executable, "-m", "experiments", "train",
              "--config=experiments/configs/lm_lngram.py:smoke", f"--workdir={workdir}",

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from sharding_cases import assert_close
@@ -33,11 +32,6 @@ def _child_env() -> dict[str, str]:
   env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-  # Share this run's persistent compilation cache (JAX lets one process write it).
-  cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
-  if cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
   return env
 
 
