@@ -53,6 +53,20 @@ class Qwen3VL(nnx.Module):
     self.lm = DecoderLM(config.text, rngs=rngs)
     self.visual = VisionTower(config.vision, rngs=nnx.Rngs(params=tower_key))
 
+  def check_image_tokens(self, input_ids_BxT: np.ndarray, image_grid_thw) -> None:
+    """Raise unless the ids hold exactly the merged visual tokens the images give
+    (none without images): prod(grid) / spatial_merge_size² per image."""
+    held = int((np.asarray(input_ids_BxT) == self.config.image_token_id).sum())
+    if image_grid_thw is None:
+      if held:
+        raise ValueError("input_ids hold image tokens but no pixel_values were given.")
+      return
+    merge = self.config.vision.spatial_merge_size
+    given = int(np.asarray(image_grid_thw).prod(1).sum()) // merge ** 2
+    if held != given:
+      raise ValueError(f"input_ids hold {held} image tokens; the images give {given} "
+                       "(image_grid_thw).")
+
   def embed_inputs(self, input_ids_BxT, pixel_values=None, image_grid_thw=None):
     """(x_BxTxD, layer_adds, image_mask_BxT, v_MxD): the decoder's input embeddings,
     the DeepStack additions [B, T, D] per layer and the merged visual tokens."""
@@ -62,17 +76,16 @@ class Qwen3VL(nnx.Module):
     image_BxT = ids_BxT == c.image_token_id
     if pixel_values is None:
       host = _host(input_ids_BxT)
-      if host is not None and (host == c.image_token_id).any():
-        raise ValueError("input_ids hold image tokens but no pixel_values were given.")
+      if host is not None:
+        self.check_image_tokens(host, None)
       return x_BxTxD, (), image_BxT, None
     if image_grid_thw is None:
       raise ValueError("pixel_values need image_grid_thw.")
+    host = _host(input_ids_BxT)
+    if host is not None:
+      self.check_image_tokens(host, image_grid_thw)
     v_MxD, deepstack = self.visual(jnp.asarray(pixel_values), np.asarray(image_grid_thw))
     M = v_MxD.shape[0]
-    host = _host(input_ids_BxT)
-    if host is not None and int((host == c.image_token_id).sum()) != M:
-      raise ValueError(f"input_ids hold {int((host == c.image_token_id).sum())} image tokens; "
-                       f"the images give {M} (image_grid_thw).")
     # The k-th image token of the batch (reading order) takes visual token k.
     order_BxT = jnp.clip(jnp.cumsum(image_BxT.ravel()) - 1, 0, M - 1).reshape(image_BxT.shape)
 
@@ -85,16 +98,21 @@ class Qwen3VL(nnx.Module):
     layer_adds = tuple(scatter(d_MxD, zeros_BxTxD) for d_MxD in deepstack)
     return x_BxTxD, layer_adds, image_BxT, v_MxD
 
-  def context(self, input_ids_BxT, image_BxT, v_MxD) -> BranchContext:
-    """What the slot branches read: token ids, the text mask, each row's visual tokens."""
+  def context(self, input_ids_BxT, image_BxT, v_MxD, n_visual: int | None = None
+              ) -> BranchContext:
+    """What the slot branches read: token ids, the text mask, each row's visual tokens.
+
+    n_visual: the width of `visual_BxNvxD`; by default the most image tokens of a
+    row when the ids are concrete, else min(T, M) (a row holds at most all M
+    visual tokens of the batch, and T tokens)."""
     ctx = BranchContext(tokens_BxT=jnp.asarray(input_ids_BxT), text_mask_BxT=~image_BxT)
     if not self.config.text.ffn_branch_layers:
       return ctx
     B, T = image_BxT.shape
     host = _host(input_ids_BxT)
-    # Traced ids: a row holds at most all M visual tokens of the batch (and T tokens).
-    n_max = (min(T, max(1, 0 if v_MxD is None else v_MxD.shape[0])) if host is None
-             else max(1, int((host == self.config.image_token_id).sum(1).max())))
+    n_max = (n_visual if n_visual is not None
+             else min(T, max(1, 0 if v_MxD is None else v_MxD.shape[0])) if host is None
+             else self.visual_width(host))
     if v_MxD is None:
       visual_BxNvxD = jnp.zeros((B, n_max, self.config.text.d_model), self.config.text.dtype)
       real_BxNv = jnp.zeros((B, n_max), bool)
@@ -108,6 +126,11 @@ class Qwen3VL(nnx.Module):
       visual_BxNvxD = jnp.where(real_BxNv[..., None], v_MxD[take_BxNv], 0).astype(
           self.config.text.dtype)
     return ctx.replace(visual_BxNvxD=visual_BxNvxD, visual_valid_BxNv=real_BxNv)
+
+  def visual_width(self, input_ids_BxT: np.ndarray) -> int:
+    """The most image tokens of a row (at least 1): the width of a concrete batch's
+    `visual_BxNvxD`."""
+    return max(1, int((np.asarray(input_ids_BxT) == self.config.image_token_id).sum(1).max()))
 
   def positions(self, input_ids_BxT, image_grid_thw=None, attention_mask_BxT=None,
                 mm_token_type_ids=None):
@@ -152,16 +175,33 @@ class Qwen3VL(nnx.Module):
     if (mask_BxT != (np.arange(T)[None] < lengths_B[:, None])).any():
       raise ValueError("prefill: rows must be right-padded (experiments.qwen3vl.generate."
                        "pack_right).")
+    if pixel_values is not None and image_grid_thw is None:
+      raise ValueError("pixel_values need image_grid_thw.")
+    grid_thw = (None if pixel_values is None
+                else tuple(tuple(int(n) for n in row) for row in np.asarray(image_grid_thw)))
+    self.check_image_tokens(ids, grid_thw)
     position_3xBxT = self.positions(ids, image_grid_thw, mask_BxT, mm_token_type_ids)
-    x_BxTxD, layer_adds, image_BxT, v_MxD = self.embed_inputs(ids, pixel_values,
-                                                              image_grid_thw)
-    return self.lm.prefill_embedded(
-        x_BxTxD, lengths=jnp.asarray(lengths_B, jnp.int32), cache_len=cache_len,
-        context=self.context(ids, image_BxT, v_MxD), positions=position_3xBxT,
-        layer_adds=layer_adds)
+    return _prefill(self, jnp.asarray(ids), None if pixel_values is None
+                    else jnp.asarray(pixel_values), jnp.asarray(lengths_B, jnp.int32),
+                    position_3xBxT, grid_thw=grid_thw, cache_len=cache_len,
+                    n_visual=self.visual_width(ids))
 
   def decode_step(self, tokens_Bx1, cache):
     """One text token per row (t = h = w = the cache's next position); returns
     (logits_BxV float32, next cache)."""
     ctx = BranchContext(text_mask_BxT=jnp.ones(tokens_Bx1.shape, bool))
     return self.lm.decode_step(tokens_Bx1, cache, context=ctx)
+
+
+@nnx.jit(static_argnames=("grid_thw", "cache_len", "n_visual"))
+def _prefill(model, ids_BxT, pixel_values, lengths_B, position_3xBxT, *, grid_thw, cache_len,
+             n_visual):
+  """`Qwen3VL.prefill` after its host work, as one compiled program: the image
+  grids (a shape of the vision tower), the cache length and the visual width are
+  static, so each distinct prompt shape compiles once."""
+  x_BxTxD, layer_adds, image_BxT, v_MxD = model.embed_inputs(
+      ids_BxT, pixel_values, None if grid_thw is None else np.asarray(grid_thw))
+  return model.lm.prefill_embedded(
+      x_BxTxD, lengths=lengths_B, cache_len=cache_len,
+      context=model.context(ids_BxT, image_BxT, v_MxD, n_visual=n_visual),
+      positions=position_3xBxT, layer_adds=layer_adds)

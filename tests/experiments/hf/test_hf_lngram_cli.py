@@ -76,8 +76,8 @@ def test_cli_step_0_is_the_checkpoint(hf_checkpoints, tmp_path, capsys, arm):
 @pytest.mark.slow   # two training runs and a killed one
 def test_cli_kill_9_after_a_checkpoint_resumes_bit_identical(hf_checkpoints, tmp_path):
   path, _ = hf_checkpoints["qwen3"]
-  steps = ["--config.train.steps=40", "--config.train.ckpt_every=2",
-           "--config.train.eval_every=40", "--config.train.max_to_keep=3"]
+  steps = ["--config.train.steps=12", "--config.train.ckpt_every=2",
+           "--config.train.eval_every=12", "--config.train.max_to_keep=3"]
   reference = tmp_path / "reference"
   assert run_main(["lngram-exp", *_train_args(path, reference, *steps)]) == 0
 
