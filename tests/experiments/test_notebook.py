@@ -29,7 +29,6 @@ def test_restore_notebook_runs(smoke_run, tmp_path, monkeypatch, notebook_kernel
   from flax import nnx
 
   from experiments.tasks.restore import restore
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir or "")
   nb = nbformat.read(NOTEBOOK, as_version=4)
   client = nbclient.NotebookClient(
       nb, kernel_name=notebook_kernel, timeout=300,

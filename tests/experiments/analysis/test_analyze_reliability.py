@@ -113,14 +113,11 @@ def test_a_second_analyze_is_refused_and_a_killed_one_s_lock_taken_over(smoke_ru
 def test_kill_9_during_analyze_leaves_whole_files_that_say_their_step(smoke_run_copy, capsys):
   import os
 
-  import jax
-
   workdir, _ = smoke_run_copy
   which = "--which=utilisation,associations,injection"
   assert _analyze(workdir, "--step=1", which, "--max_positions=200") == 0, \
       capsys.readouterr().err[-3000:]
-  env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-         "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir or ""}
+  env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
   child = subprocess.Popen([sys.executable, "-m", "experiments", "analyze",
                             f"--workdir={workdir}", which, "--max_positions=200"],
                            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)

@@ -108,13 +108,11 @@ def test_ids_notebook_runs(smoke_run, tmp_path, monkeypatch, notebook_kernel):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")
   pytest.importorskip("ipykernel")
-  import jax
 
   workdir, _ = smoke_run
   for key, value in {"LNGRAM_WORKDIR": str(workdir), "LNGRAM_MAX_POSITIONS": "300",
                      "LNGRAM_N_REFERENCE": "12", "LNGRAM_N_PERM": "2", "MPLBACKEND": "Agg",
-                     "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                     "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir or ""
+                     "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
                      }.items():
     monkeypatch.setenv(key, value)
   nb = nbformat.read(NOTEBOOK, as_version=4)
