@@ -27,7 +27,11 @@ directory (checkpoints, TensorBoard) is not. The report reads the records, and t
 counts a recorded run as done (`list` marks one without its checkpoint here), so results
 outlive the machine that trained them; a recorded run trains again only where its
 checkpoint is needed here (a run starting from it is not done, or with `--analyze` its
-record lacks analyses). The runs that start from another (insertion, Stage I) train
+record lacks analyses). Trained again, it must log its record's numbers bit for bit
+(training is deterministic on one CPU type under the same XLA flags): one that differs
+keeps its record, starts no run from its checkpoint (those recorded from the old one
+would not pair with them) and is flagged DIFFERS by `list`; `list` also says how many
+logged steps agreed so far. The runs that start from another (insertion, Stage I) train
 right after it, so that its checkpoint is used before the machine is gone. `record`
 writes the records of finished runs that have none (a queue of an older version). A queue
 under another `--root` keeps its records in `<root>/records`. `--until=+MINUTES` (or an
@@ -304,10 +308,31 @@ def recorded(run: Run, root: Path | None = None) -> bool:
 
 
 def record(run: Run, root: Path | None = None) -> list[str]:
-  """Writes (or refreshes) the record of a run finished under `root`; the names written."""
+  """Writes (or refreshes) the record of a run finished under `root`; the names written.
+  A record is kept, and says so, where the run trained again differs from it (`diverged`)."""
   if not finished(run, root):
     return []
+  differs = diverged(run, root)
+  if differs:
+    print(f"record {run.key} kept: {differs}", flush=True)
+    return []
   return run_records.write_record(run_dir(run, root), run_dir(run, records_root(root)))
+
+
+def diverged(run: Run, root: Path | None = None) -> str | None:
+  """Why a recorded run trained again under `root` is not its record, or None: the first
+  logged number that differs (`run_records.first_difference`). Runs that started from
+  the record's checkpoint would not share the new one, so neither the record nor the
+  pairing may silently change; delete the record (and those runs') to accept the new run."""
+  if not recorded(run, root):
+    return None
+  compared, first = run_records.first_difference(run_dir(run, root),
+                                                  run_dir(run, records_root(root)))
+  if first is None:
+    return None
+  return (f"trained again, it differs from its record at step {first['step']} "
+          f"({first['key']} {first['run']!r} vs {first['record']!r}; {compared} logged steps "
+          f"agreed before it): another CPU or other XLA flags (stamp `cpus`, `xla_flags`)?")
 
 
 SMOKE_STEPS = 4   # base.smoke's train.steps, which every smoke run (and continuation) trains
@@ -927,6 +952,9 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if run.after is not None and run.after not in done:
       print(f"skip {run.key}: waits for {run.after}", flush=True)
       continue
+    if run.after is not None and diverged(by_key[run.after], root):
+      print(_diverged_line(run, by_key, root), flush=True)
+      continue
     if max_runs is not None and started >= max_runs:
       break
     late = past_deadline(run, root, until, factor, then_analyze)
@@ -942,6 +970,11 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if then_analyze:
       analyze(root=root, keys={run.key})
   return 0
+
+
+def _diverged_line(run: Run, by_key: dict[str, Run], root: Path) -> str:
+  return (f"skip {run.key}: {run.after} {diverged(by_key[run.after], root)} Its recorded "
+          "arms started from the record's checkpoint, so this one would not pair with them.")
 
 
 def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float,
@@ -972,6 +1005,9 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
           waiting.append(run.key)   # another process trains what it starts from
         else:
           say(run.key, f"skip {run.key}: waits for {run.after}")
+        continue
+      if run.after is not None and diverged(by_key[run.after], root):
+        say(run.key, _diverged_line(run, by_key, root))
         continue
       if max_runs is not None and started >= max_runs:
         return 0
@@ -1074,6 +1110,14 @@ def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
         users = starts_from.get(run.key)
         note += ("; trained again first: " + ", ".join(users) + " start from it" if users
                  else "; trained again first")
+    if state == "done" and recorded(run, root):   # trained again here: still its record?
+      differs = diverged(run, root)
+      compared, _ = run_records.first_difference(run_dir(run, root),
+                                                 run_dir(run, records_root(root)))
+      if differs:
+        note += ("; " if note else "   # ") + f"DIFFERS: {differs}"
+      elif compared and not finished(run, root):
+        note += f"; equal to its record over the {compared} steps logged here"
     print(f"{state:6s}" + " ".join(run.command(root, smoke)) + note)
     if state in ("part", "todo") or run in again:
       expected = expected_train_s(run, root, factor)

@@ -48,6 +48,36 @@ def _metrics_rows(workdir: Path) -> list[dict]:
   return rows
 
 
+# The numbers of a metrics row that a run trained again must reproduce exactly (same
+# config, seed, data, CPU and XLA flags: training is bit-deterministic). Timings differ.
+REPRODUCED_KEYS = ("train/loss", "train/grad_norm", "train/param_norm", "eval/loss",
+                   "eval/bits_per_byte")
+
+
+def first_difference(workdir: Path, record_dir: Path) -> tuple[int, dict | None]:
+  """How a run trained again compares with its record, over the steps both logged:
+  (steps compared, None) when every REPRODUCED_KEYS value agrees bit for bit, else
+  (steps compared up to it, {"step", "key", "run", "record"}) at the first that differs.
+  A step's rows merge; one logged twice (a resumed run repeats the steps after its last
+  checkpoint) counts with its last values."""
+  def by_step(rows):   # a step's train and evaluation rows merge; a repeat overrides
+    merged: dict[int, dict] = {}
+    for row in rows:
+      merged.setdefault(row["step"], {}).update(row)
+    return merged
+
+  ours = by_step(_metrics_rows(Path(workdir)))
+  theirs = by_step(_metrics_rows(Path(record_dir)))
+  compared = 0
+  for step in sorted(set(ours) & set(theirs)):
+    for key in REPRODUCED_KEYS:
+      if key in ours[step] and key in theirs[step] and ours[step][key] != theirs[step][key]:
+        return compared, {"step": step, "key": key, "run": ours[step][key],
+                          "record": theirs[step][key]}
+    compared += 1
+  return compared, None
+
+
 def train_seconds(workdir: Path) -> float | None:
   """The time a run takes, measured so that it describes the run, not the machine's day.
 

@@ -510,3 +510,58 @@ def test_the_deadline_check_counts_the_analyses_a_run_is_then_given(tmp_path, by
   assert late == (f"skip {r64.key}: would take ~{train / 60:.0f} min and ~2 min of analyses "
                   "(its recorded or measured time, x1.00 for this machine), past --until")
   assert reproduce.past_deadline(r64, tmp_path, now + train + 200, then_analyze=True) is None
+
+
+def test_a_run_trained_again_is_compared_with_its_record_number_for_number(tmp_path):
+  rows = [{"step": 20, "train/loss": 3.5, "train/param_norm": 40.0, "time/step_s": 1.0},
+          {"step": 40, "train/loss": 3.25, "train/param_norm": 40.5, "time/step_s": 1.0},
+          {"step": 40, "eval/loss": 3.0}]
+  for name, step_s, last_loss in (("record", 1.0, 3.25), ("same", 9.0, 3.25),
+                                  ("other", 1.0, 3.2500002)):
+    (tmp_path / name).mkdir()
+    lines = [json.dumps({**r, "time/step_s": step_s} if "time/step_s" in r else r)
+             for r in rows]
+    lines[1] = lines[1].replace("3.25", repr(last_loss))
+    if name == "same":   # resumed: step 40 logged twice, and a line cut by a kill
+      lines = lines[:2] + lines[1:] + ['{"step": 60, "train/lo']
+    (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  assert run_records.first_difference(tmp_path / "same", tmp_path / "record") == (2, None)
+  assert run_records.first_difference(tmp_path / "other", tmp_path / "record") == (
+      1, {"step": 40, "key": "train/loss", "run": 3.2500002, "record": 3.25})
+  assert run_records.first_difference(tmp_path / "none", tmp_path / "record") == (0, None)
+
+
+def test_a_retrain_that_differs_keeps_its_record_and_starts_nothing_from_it(
+    tmp_path, by_key, monkeypatch, capsys):
+  """Runs recorded from a checkpoint keep their pairing: a baseline trained again on
+  another machine that ends differently replaces neither its record nor their base."""
+  base, low = by_key["bytes/baseline_s0"], by_key["bytes/inserted_low_s0"]
+  kept = reproduce.run_dir(base, reproduce.records_root(tmp_path))
+  run_records.write_record(_finished(tmp_path / "elsewhere", base, 2.0), kept)
+  before = (kept / "metrics.jsonl").read_bytes()
+  # Trained again here, its last evaluation differs in the last digits.
+  metrics = _finished(tmp_path, base, 2.0) / "metrics.jsonl"
+  metrics.write_text(metrics.read_text().replace('"eval/bits_per_byte": 2.0',
+                                                 '"eval/bits_per_byte": 2.0000001'))
+  assert reproduce.diverged(base, tmp_path).startswith(
+      f"trained again, it differs from its record at step {reproduce.steps(base)} "
+      "(eval/bits_per_byte 2.0000001 vs 2.0; 3 logged steps agreed before it)")
+  assert reproduce.record(base, tmp_path) == []
+  assert (kept / "metrics.jsonl").read_bytes() == before
+  assert f"record {base.key} kept: trained again" in capsys.readouterr().out
+
+  monkeypatch.setattr(reproduce.subprocess, "call", lambda *a, **k: pytest.fail("trained"))
+  for claim in (False, True):
+    assert reproduce.run_queue([base, low], tmp_path, claim=claim) == 0
+    out = capsys.readouterr().out
+    assert f"skip {low.key}: {base.key} trained again, it differs" in out
+    assert "would not pair with them" in out
+  assert reproduce.main(["list", f"--root={tmp_path}", "--only=bytes"]) == 0
+  [line] = [line for line in capsys.readouterr().out.splitlines()
+            if f"--workdir={reproduce.run_dir(base, tmp_path)} " in line]
+  assert line.startswith("done  ") and "# DIFFERS: trained again, it differs" in line
+  # The same numbers again (a retrain on the record's machine): the record is refreshed.
+  _finished(tmp_path / "third", base, 2.0)
+  (reproduce.run_dir(base, tmp_path) / "metrics.jsonl").write_bytes(
+      (reproduce.run_dir(base, tmp_path / "third") / "metrics.jsonl").read_bytes())
+  assert reproduce.diverged(base, tmp_path) is None
