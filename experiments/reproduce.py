@@ -326,8 +326,11 @@ def diverged(run: Run, root: Path | None = None) -> str | None:
   pairing may silently change; delete the record (and those runs') to accept the new run."""
   if not recorded(run, root):
     return None
-  compared, first = run_records.first_difference(run_dir(run, root),
-                                                  run_dir(run, records_root(root)))
+  return _difference_line(*run_records.first_difference(run_dir(run, root),
+                                                        run_dir(run, records_root(root))))
+
+
+def _difference_line(compared: int, first: dict | None) -> str | None:
   if first is None:
     return None
   return (f"trained again, it differs from its record at step {first['step']} "
@@ -952,8 +955,9 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if run.after is not None and run.after not in done:
       print(f"skip {run.key}: waits for {run.after}", flush=True)
       continue
-    if run.after is not None and diverged(by_key[run.after], root):
-      print(_diverged_line(run, by_key, root), flush=True)
+    differs = run.after is not None and diverged(by_key[run.after], root)
+    if differs:
+      print(_diverged_line(run, differs), flush=True)
       continue
     if max_runs is not None and started >= max_runs:
       break
@@ -972,9 +976,9 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
   return 0
 
 
-def _diverged_line(run: Run, by_key: dict[str, Run], root: Path) -> str:
-  return (f"skip {run.key}: {run.after} {diverged(by_key[run.after], root)} Its recorded "
-          "arms started from the record's checkpoint, so this one would not pair with them.")
+def _diverged_line(run: Run, differs: str) -> str:
+  return (f"skip {run.key}: {run.after} {differs} Its recorded arms started from the "
+          "record's checkpoint, so this one would not pair with them.")
 
 
 def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float,
@@ -1006,8 +1010,9 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
         else:
           say(run.key, f"skip {run.key}: waits for {run.after}")
         continue
-      if run.after is not None and diverged(by_key[run.after], root):
-        say(run.key, _diverged_line(run, by_key, root))
+      differs = run.after is not None and diverged(by_key[run.after], root)
+      if differs:
+        say(run.key, _diverged_line(run, differs))
         continue
       if max_runs is not None and started >= max_runs:
         return 0
@@ -1111,9 +1116,9 @@ def list_queue(runs: list[Run], root: Path, smoke: bool = False) -> int:
         note += ("; trained again first: " + ", ".join(users) + " start from it" if users
                  else "; trained again first")
     if state == "done" and recorded(run, root):   # trained again here: still its record?
-      differs = diverged(run, root)
-      compared, _ = run_records.first_difference(run_dir(run, root),
-                                                 run_dir(run, records_root(root)))
+      compared, first = run_records.first_difference(run_dir(run, root),
+                                                     run_dir(run, records_root(root)))
+      differs = _difference_line(compared, first)
       if differs:
         note += ("; " if note else "   # ") + f"DIFFERS: {differs}"
       elif compared and not finished(run, root):
