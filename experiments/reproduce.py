@@ -62,7 +62,8 @@ bytes; the final evaluation decodes 512 scenes up to 900 tokens), so `list` mark
 a queue without `--only` trains it after the Lngram runs. On one CPU core pinned beside
 another run (VLM_PRIOR_STEP_S): 0.85 s/step over stage 0's 1,800 steps of 1-2 objects and
 10.2 s/step over its 2,000 of every count, ~6.1 h a base; 3.5 s/step for Stage I (batch 8),
-~35 min an arm: ~24 core-hours of steps for the 12, before their final evaluations. (The
+~35 min an arm. The recorded runs took longer (run_records.train_seconds): 6.8-7.0 h a base,
+0.9-1.5 h an arm, so ~32 core-hours of steps for the 12, before their final evaluations. (The
 estimate this replaced, ~7 core-hours from 10-step timings, priced the long phase at
 ~6 s/step and then summed it as if it took ~1 h.) A VLM run is done when its
 `metrics.json` (written after its final evaluation) exists.
@@ -125,10 +126,12 @@ VLM_SEEDS = (0, 1, 2)
 VLM_ARMS = (("sft_pvm", ""), ("sft_mlp", "mlp"), ("sft_none", "none"))   # name, config arg
 EXPERIMENTS = (*SETTINGS, VLM)
 # Experiments trained after the rest (their runs are the longest): `list` prints the note.
+# The times in its note are the recorded runs' (run_records.train_seconds: 6.8-7.0 h a base,
+# 0.9-1.5 h a Stage I arm, on one core of a 2-core AMD EPYC); `list` estimates what is left.
 TRAINED_LAST = {VLM: "trained after the Lngram runs: ~1,000-byte sequences, 512 validation "
-                     "scenes decoded up to 900 tokens at the end of each run; ~24 hours of "
-                     "steps on one CPU core for the 12 runs, ~6 h a stage-0 base "
-                     "(`--only=vlm_long` runs them alone)"}
+                     "scenes decoded up to 900 tokens at the end of each run; ~7 h of steps "
+                     "on one CPU core a stage-0 base, 1-1.5 h a Stage I arm, ~32 h the 12 "
+                     "runs (`--only=vlm_long` runs them alone)"}
 FIVE_SEEDS = ("baseline", "lngram_r16", "engram")
 ARMS = {
     "bytes": ("baseline", "dense_active", "lngram_r16", "lngram_r64", "lngram_r16_mem128",
