@@ -67,3 +67,34 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
+
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def child_env():
+    """`child_env(device_count)`: the environment of a child Python process (a CLI run, a
+    jax.distributed worker) whose results are compared with this process's. The suite's
+    other XLA flags stay (see _TEST_XLA_FLAGS: compiled with other codegen flags, the
+    child would round differently); only the host device count changes. CPU only, with
+    the repository importable."""
+
+    def make(device_count: int) -> dict[str, str]:
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+        flags.append(f"--xla_force_host_platform_device_count={device_count}")
+        python_path = os.pathsep.join([_REPO_ROOT, os.environ.get("PYTHONPATH", "")])
+        return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu",
+                    PYTHONPATH=python_path.rstrip(os.pathsep))
+
+    return make
+
+
+@pytest.fixture
+def local_address():
+    """A free localhost `host:port`, for a jax.distributed coordinator."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"

@@ -207,33 +207,24 @@ def test_a_mesh_the_run_cannot_use_is_refused_naming_the_numbers(mesh, batch, ma
 # --- several processes ---------------------------------------------------------------------
 
 
-def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path):
+def test_two_processes_train_the_curve_of_one_8_device_process(tmp_path, child_env,
+                                                              local_address):
   """`lngram-exp train` in 2 processes (jax.distributed on localhost, gloo, 4 host devices
   each) on one data=2 × table=4 mesh: the loss curve and the parameters of the same run in
   one process with 8 devices; each process feeds its own half of every batch."""
-  import os
-  import socket
   import subprocess
   import sys
   from pathlib import Path
 
   root = Path(__file__).resolve().parents[2]
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    address = f"127.0.0.1:{s.getsockname()[1]}"
-  # The suite's other XLA flags stay (tests/conftest.py): compiled with other codegen
-  # flags, the children would round differently from this process's reference.
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-  env = dict(os.environ, XLA_FLAGS=" ".join([*flags, "--xla_force_host_platform_device_count=4"]),
-             JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  env = child_env(4)
   workdir = tmp_path / "two_processes"
   command = [sys.executable, "-m", "experiments", "train",
              "--config=experiments/configs/lm_lngram.py:smoke", f"--workdir={workdir}",
              "--config.data.batch_size=8", f"--config.train.steps={STEPS}",
              "--config.train.progress=False", "--config.train.eval_every=100",
              "--config.train.ckpt_every=2", "--config.mesh.data=2", "--config.mesh.table=4",
-             f"--coordinator={address}", "--num_processes=2"]
+             f"--coordinator={local_address}", "--num_processes=2"]
   procs = [subprocess.Popen([*command, f"--process_id={i}"], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(2)]

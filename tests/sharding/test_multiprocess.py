@@ -2,8 +2,6 @@
 devices each, one 8-device mesh: a sharded forward + backward equals the
 unsharded layer computed in this process."""
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,34 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _child_env() -> dict[str, str]:
-  env = dict(os.environ)
-  # The suite's other XLA flags stay (tests/conftest.py): compiled with other codegen
-  # flags, the children would round differently from this process's reference.
-  flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
-  env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-  return env
-
-
 @pytest.mark.slow  # two subprocesses, each importing jax and compiling the layer
-def test_two_processes_equal_one(tmp_path):
+def test_two_processes_equal_one(tmp_path, child_env, local_address):
   out = tmp_path / "sharded.npz"
-  address = f"127.0.0.1:{_free_port()}"
   procs = []
   for process_id in range(2):
-    cmd = [sys.executable, "-m", "experiments.bench.multihost", "--coordinator", address,
+    cmd = [sys.executable, "-m", "experiments.bench.multihost", "--coordinator", local_address,
            "--num-processes", "2", "--process-id", str(process_id), "--mode", "route_parallel",
            "--data", "1", "--seq", "2", "--timeout", "120", "--out", str(out)]
     log = open(tmp_path / f"process{process_id}.log", "w")  # closed in `finally`
-    procs.append((subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=log,
+    procs.append((subprocess.Popen(cmd, cwd=ROOT, env=child_env(4), stdout=log,
                                    stderr=subprocess.STDOUT), log))
   try:
     for proc, _ in procs:
