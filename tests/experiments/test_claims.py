@@ -4,6 +4,8 @@ import json
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -78,7 +80,7 @@ def test_the_claiming_queue_skips_held_runs_and_waits_for_a_start(tmp_path, monk
                                             "bytes/pkm_s0"))
   _hold(reproduce.run_dir(base, tmp_path), other_process)   # another process trains it
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
 
   def other_finishes(_):
     workdir = reproduce.run_dir(base, tmp_path)
@@ -88,7 +90,7 @@ def test_the_claiming_queue_skips_held_runs_and_waits_for_a_start(tmp_path, monk
         {"step": reproduce.STEPS, "eval/bits_per_byte": 2.0}) + "\n")
     claims.claim_path(workdir).unlink()
 
-  monkeypatch.setattr(reproduce.time, "sleep", other_finishes)
+  monkeypatch.setattr(time, "sleep", other_finishes)
   assert reproduce.run_queue([base, inserted, pkm], tmp_path, claim=True, poll_s=0) == 0
   trained = [next(a for a in c if a.startswith("--workdir=")) for c in calls]
   # pkm first (the baseline is held), then the insertion once its baseline is done.
@@ -101,7 +103,7 @@ def test_the_claiming_queue_skips_held_runs_and_waits_for_a_start(tmp_path, monk
 
 def test_the_claiming_queue_stops_at_a_failure_and_frees_the_run(tmp_path, monkeypatch):
   pkm = next(r for r in reproduce.plan() if r.key == "bytes/pkm_s0")
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: 3)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: 3)
   assert reproduce.run_queue([pkm], tmp_path, claim=True) == 3
   assert claims.holder(reproduce.run_dir(pkm, tmp_path)) is None
   with pytest.raises(SystemExit, match="--claim and --shard"):
@@ -117,11 +119,11 @@ def test_run_analyze_gives_each_trained_run_its_analyses(tmp_path, monkeypatch):
     calls.append(cmd[3:5])
     workdir = next((a.split("=", 1)[1] for a in cmd if a.startswith("--workdir=")), None)
     if cmd[3] == "train":
-      (reproduce.Path(workdir) / "metrics.jsonl").write_text(json.dumps(
+      (Path(workdir) / "metrics.jsonl").write_text(json.dumps(
           {"step": reproduce.STEPS, "eval/bits_per_byte": 2.0}) + "\n")
     return 0
 
-  monkeypatch.setattr(reproduce.subprocess, "call", call)
+  monkeypatch.setattr(subprocess, "call", call)
   assert reproduce.run_queue(runs, tmp_path, claim=True, then_analyze=True) == 0
   r16 = f"--workdir={tmp_path}/bytes/lngram_r16_s0"
   assert calls == [["train", f"--config=experiments/configs/{runs[0].config}"],

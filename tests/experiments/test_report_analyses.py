@@ -3,6 +3,7 @@
 the utilisation / association / signature claims, and pending cells, from fake run files."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -109,7 +110,7 @@ def test_analysis_names_are_those_of_lngram_exp_analyze():
 def test_analyze_runs_lngram_exp_analyze_per_job(tmp_path, monkeypatch, capsys):
   run = _fake_run(tmp_path, "bytes/lngram_r64_s0", 2.0)
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   assert reproduce.analyze(dry_run=True, root=tmp_path) == 0 and not calls
   out = capsys.readouterr().out
   assert f"lngram-exp analyze --workdir={run} --which=utilisation,id_knn" in out
@@ -118,7 +119,7 @@ def test_analyze_runs_lngram_exp_analyze_per_job(tmp_path, monkeypatch, capsys):
   [call] = calls
   assert call[1:4] == ["-m", "experiments", "analyze"] and call[4] == f"--workdir={run}"
   assert "--step=600" in call and (run / "analysis" / "analyze.log").exists()
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: 3)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: 3)
   assert reproduce.analyze(root=tmp_path) == 3
 
 

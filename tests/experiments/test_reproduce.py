@@ -3,7 +3,9 @@ and its summary table (experiments.report): paired seeds, stale runs, verdicts f
 
 import json
 import math
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,7 +170,7 @@ def test_run_queue_skips_stale_and_waits_for_the_baseline(tmp_path, monkeypatch,
   by_key = {r.key: r for r in reproduce.plan()}
   _fake_run(tmp_path, by_key["bytes/baseline_s0"], 2.0, design=None)
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   runs = [by_key[k] for k in ("bytes/baseline_s0", "bytes/inserted_low_s0", "bytes/pkm_s0")]
   assert reproduce.run_queue(runs, tmp_path) == 0
   out = capsys.readouterr().out
@@ -191,9 +193,9 @@ def test_training_order_is_seed_major_and_shards_split_it():
   assert keys[first + 1:first + 5] == ["bytes/continued_low_s0", "bytes/inserted_low_s0",
                                        "bytes/continued_full_s0", "bytes/inserted_full_s0"]
   assert all(keys.index(r.after) < keys.index(r.key) for r in order if r.after)
-  assert reproduce._shard("1/3") == (1, 3)
+  assert reproduce.parse_shard("1/3") == (1, 3)
   with pytest.raises(SystemExit, match="--shard"):
-    reproduce._shard("3/3")
+    reproduce.parse_shard("3/3")
 
 
 def test_analysis_jobs_every_seed_and_the_insertion_pair(tmp_path):
@@ -285,7 +287,7 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   left_h = (3 * (1800 * 0.85 + 2000 * 10.2) + 9 * 600 * 3.5) * reproduce.DEADLINE_MARGIN / 3600
   assert out[-1].startswith(f"queue: 12 todo of 12 runs; ~{left_h:.1f} core-hours of training")
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   assert reproduce.run_queue([vlm[3], vlm[6], vlm[0]], tmp_path) == 0   # sft s0, s1, base s0
   assert [next(a for a in c if a.startswith("--workdir=")) for c in calls] == [
       f"--workdir={tmp_path}/vlm_long/base_s0", f"--workdir={tmp_path}/vlm_long/sft_pvm_s0"]
@@ -304,15 +306,28 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
           "0.7000 | 0.8000 | 0.2500 | 512 |" in report_vlm.runs_table(tmp_path))
 
 
+def test_the_module_entry_point_runs_main(tmp_path, capsys):
+  """`python -m experiments.reproduce` (the package's __main__) is `main`: the same list."""
+  assert reproduce.main(["list", "--only=vlm_long", f"--root={tmp_path}"]) == 0
+  want = capsys.readouterr().out
+  got = subprocess.run([sys.executable, "-m", "experiments.reproduce", "list", "--only=vlm_long",
+                        f"--root={tmp_path}"], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2])
+  assert (got.returncode, got.stdout) == (0, want), got.stderr[-2000:]
+  with pytest.raises(SystemExit):
+    reproduce.main(["nope"])
+  assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
 def test_queued_runs_share_one_persistent_compilation_cache(tmp_path, monkeypatch):
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   log = tmp_path / "run.log"
   show = "import os; print(os.environ['JAX_COMPILATION_CACHE_DIR'])"
-  assert reproduce._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
+  assert reproduce.queue._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
   assert log.read_text().strip() == str((tmp_path / "c").absolute())
   # A cache the user chose is kept.
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
-  assert reproduce._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
+  assert reproduce.queue._call([sys.executable, "-c", show], log, cache_dir=tmp_path / "c") == 0
   assert log.read_text().split() == [str((tmp_path / "c").absolute()), str(tmp_path / "mine")]
 
 
@@ -336,7 +351,7 @@ def test_the_token_setting_s_validation_is_capped_and_its_split_checked(tmp_path
   (data / "manifest.json").write_text(json.dumps({"split": {"val_fraction": 0.05}}))
   assert reproduce.prepared_val_fraction(tmp_path) == 0.05
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   pkm = next(r for r in reproduce.plan() if r.key == "tokens/pkm_s0")
   assert reproduce.run_queue([pkm], tmp_path) == 2 and not calls
   assert "validation split of 0.05 (this design: 0.08)" in capsys.readouterr().out

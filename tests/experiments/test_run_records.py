@@ -3,6 +3,8 @@ the queue counts a recorded run as done unless another run needs its checkpoint.
 
 import json
 import math
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -133,7 +135,7 @@ def test_a_rebuilt_checkpoint_is_used_right_after_it_trains(tmp_path, by_key, mo
     _finished(tmp_path, run, 2.0)
     return 0
 
-  monkeypatch.setattr(reproduce.subprocess, "call", train)
+  monkeypatch.setattr(subprocess, "call", train)
   assert reproduce.run_queue([pkm, low, full, base, engram], tmp_path, claim=True) == 0
   assert trained == [pkm.key, base.key, low.key, full.key, engram.key]
 
@@ -168,7 +170,7 @@ def test_the_queue_records_each_run_it_trains_and_skips_recorded_ones(tmp_path, 
         {"step": reproduce.steps(pkm0), "eval/bits_per_byte": 2.1}) + "\n")
     return 0
 
-  monkeypatch.setattr(reproduce.subprocess, "call", train)
+  monkeypatch.setattr(subprocess, "call", train)
   assert reproduce.run_queue([pkm0, pkm1], tmp_path, claim=True) == 0
   assert len(calls) == 1 and f"--workdir={tmp_path}/bytes/pkm_s0" in calls[0]
   assert "record bytes/pkm_s0: repro.json, metrics.jsonl" in capsys.readouterr().out
@@ -247,8 +249,8 @@ def test_until_starts_only_runs_their_arm_s_recorded_wall_time_says_end_before_i
   (half / "metrics.jsonl").write_text(json.dumps({"step": 300}) + "\n")
   assert reproduce.expected_train_s(pkm2, tmp_path) == pytest.approx(300.0 * margin)
   calls = []
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 1)
-  now = reproduce.time.time()
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 1)
+  now = time.time()
   assert reproduce.run_queue([pkm0, pkm2], tmp_path, claim=True, until=now + 450) == 1
   out = capsys.readouterr().out
   assert f"skip bytes/pkm_s0: would take ~{600 * margin / 60:.0f} min" in out
@@ -299,13 +301,13 @@ def test_vlm_train_seconds_follow_its_phases_and_span_resumes(tmp_path):
 
 def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, monkeypatch):
   pkm = by_key["bytes/pkm_s0"]
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: 1)
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: 1)
   monkeypatch.setenv("XLA_FLAGS", "--b")
-  reproduce._train(pkm, tmp_path, smoke=False)
+  reproduce.queue._train(pkm, tmp_path, smoke=False)
   monkeypatch.setenv("XLA_FLAGS", "--a")
-  reproduce._train(pkm, tmp_path, smoke=False)        # resumed under other flags
+  reproduce.queue._train(pkm, tmp_path, smoke=False)        # resumed under other flags
   monkeypatch.delenv("XLA_FLAGS")
-  reproduce._train(pkm, tmp_path, smoke=False)
+  reproduce.queue._train(pkm, tmp_path, smoke=False)
   workdir = reproduce.run_dir(pkm, tmp_path)
   assert reproduce.xla_flags_seen(workdir) == ["", "--a", "--b"]
   # ... and the CPU it trained on (resumed elsewhere: both).
@@ -313,7 +315,7 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   assert reproduce.cpu_signature().endswith(")")
   stamp = json.loads((workdir / reproduce.STAMP).read_text())
   (workdir / reproduce.STAMP).write_text(json.dumps(stamp | {"cpus": ["Other CPU (avx2)"]}))
-  reproduce._train(pkm, tmp_path, smoke=False)
+  reproduce.queue._train(pkm, tmp_path, smoke=False)
   assert reproduce.cpus_seen(workdir) == sorted(["Other CPU (avx2)", reproduce.cpu_signature()])
   line = report._flags_line([{"xla_flags": ["--a"], "cpus": ["X (avx2)"]},
                              {"xla_flags": ["--a"], "cpus": ["X (avx2)"]}, {}])
@@ -450,7 +452,7 @@ def test_the_deadline_check_scales_the_records_to_this_machine_s_speed(tmp_path,
   # A stale directory (an older design) says nothing about this machine.
   (here / reproduce.STAMP).unlink()
   assert reproduce.speed_factor(tmp_path) == 1.0
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda cmd, **kw: pytest.fail(cmd))
+  monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: pytest.fail(cmd))
   assert reproduce.main(["run", f"--root={tmp_path}", "--only=bytes", "--until=+1"]) == 0
   assert (f"skip bytes/engram_s1: would take ~{600 * margin / 60:.0f} min (its recorded or "
           "measured time, x1.00 for this machine), past --until") in capsys.readouterr().out
@@ -471,7 +473,7 @@ def test_the_deadline_check_counts_the_analyses_a_run_is_then_given(tmp_path, by
   # r16 trains here and `analyze` times its four analyses (the subprocess writes them).
   workdir = _finished(tmp_path, r16, 2.0)
   clock = iter([100.0, 250.0])
-  monkeypatch.setattr(reproduce.time, "monotonic", lambda: next(clock))
+  monkeypatch.setattr(time, "monotonic", lambda: next(clock))
 
   def call(cmd, **kw):
     for name in reproduce.RECORD_ANALYSES:
@@ -479,7 +481,7 @@ def test_the_deadline_check_counts_the_analyses_a_run_is_then_given(tmp_path, by
           {"source": {"step": 600}, "protocol": {"version": 99}}))
     return 0
 
-  monkeypatch.setattr(reproduce.subprocess, "call", call)
+  monkeypatch.setattr(subprocess, "call", call)
   assert reproduce.analyze(root=tmp_path, keys={r16.key}) == 0
   monkeypatch.undo()
   assert reproduce.analysis_seconds(r16, tmp_path) == {
@@ -504,7 +506,7 @@ def test_the_deadline_check_counts_the_analyses_a_run_is_then_given(tmp_path, by
   # is not enough for the analyses, 200 s is.
   train = reproduce.expected_train_s(r64, tmp_path)
   assert train == pytest.approx(600.0 * reproduce.DEADLINE_MARGIN)
-  now = reproduce.time.time()
+  now = time.time()
   assert reproduce.past_deadline(r64, tmp_path, now + train + 60, then_analyze=False) is None
   late = reproduce.past_deadline(r64, tmp_path, now + train + 60, then_analyze=True)
   assert late == (f"skip {r64.key}: would take ~{train / 60:.0f} min and ~2 min of analyses "
@@ -550,7 +552,7 @@ def test_a_retrain_that_differs_keeps_its_record_and_starts_nothing_from_it(
   assert (kept / "metrics.jsonl").read_bytes() == before
   assert f"record {base.key} kept: trained again" in capsys.readouterr().out
 
-  monkeypatch.setattr(reproduce.subprocess, "call", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("trained"))
   for claim in (False, True):
     assert reproduce.run_queue([base, low], tmp_path, claim=claim) == 0
     out = capsys.readouterr().out

@@ -1,0 +1,5 @@
+import sys
+
+from experiments.reproduce.cli import main
+
+sys.exit(main())
