@@ -76,8 +76,9 @@ times of each arm scaled to this machine's speed (`expected_train_s`, `speed_fac
 13-37 min of steps a 600-step byte run and 16-29 min a token run, on one core of a
 2-core machine beside another run, plus ~35% for start-up, evaluations and checkpoints
 (~33 core-hours for the 64 runs left on 2026-12-02 at those times, ~9 of them then
-priced for the 12 of `vlm_long`, which take ~24; the 2-core machine of that day trained
-~1.6x faster); the `gpu` config arg runs the same comparison bigger on an accelerator.
+priced for the 12 of `vlm_long`, which take ~32 by their records; the 2-core machine of
+that day trained ~1.6x faster); the `gpu` config arg runs the same comparison bigger on an
+accelerator.
 On 2 cores, two processes pinned to a core each with single-threaded XLA
 (`XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" taskset
 -c I python -m experiments.reproduce run --claim`, I = 0, 1) train ~12% more steps per
