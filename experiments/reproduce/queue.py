@@ -164,9 +164,20 @@ def queue_done(order: list[Run], by_key: dict[str, Run], root: Path,
   return here | (kept - need)
 
 
-def _stale_line(run: Run, root: Path) -> str:
-  return (f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
-          "an older design's run); move it away to train this run")
+def _blocked_line(run: Run, root: Path, done: set[str], by_key: dict[str, Run]) -> str | None:
+  """Why `run` cannot start now, as the queue's skip line: its directory is an older
+  design's, the run it starts from is not done, or that run was trained again and
+  differs from its record; None when nothing blocks it."""
+  if stale(run, root):
+    return (f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
+            "an older design's run); move it away to train this run")
+  if run.after is not None and run.after not in done:
+    return f"skip {run.key}: waits for {run.after}"
+  differs = run.after is not None and diverged(by_key[run.after], root)
+  if differs:
+    return (f"skip {run.key}: {run.after} {differs} Its recorded arms started from the "
+            "record's checkpoint, so this one would not pair with them.")
+  return None
 
 
 def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
@@ -194,15 +205,9 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
   for n, run in enumerate(order):
     if n % k != i or run.key in done:
       continue
-    if stale(run, root):
-      print(_stale_line(run, root), flush=True)
-      continue
-    if run.after is not None and run.after not in done:
-      print(f"skip {run.key}: waits for {run.after}", flush=True)
-      continue
-    differs = run.after is not None and diverged(by_key[run.after], root)
-    if differs:
-      print(_diverged_line(run, differs), flush=True)
+    blocked = _blocked_line(run, root, done, by_key)
+    if blocked:
+      print(blocked, flush=True)
       continue
     if max_runs is not None and started >= max_runs:
       break
@@ -219,11 +224,6 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
     if then_analyze:
       analyze(root=root, keys={run.key})
   return 0
-
-
-def _diverged_line(run: Run, differs: str) -> str:
-  return (f"skip {run.key}: {run.after} {differs} Its recorded arms started from the "
-          "record's checkpoint, so this one would not pair with them.")
 
 
 def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: float,
@@ -246,18 +246,13 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
     for run in order:
       if run.key in done:
         continue
-      if stale(run, root):
-        say(run.key, _stale_line(run, root))
+      if (run.after is not None and run.after not in done and not stale(run, root)
+          and claims.holder(run_dir(by_key[run.after], root)) is not None):
+        waiting.append(run.key)   # another process trains what it starts from
         continue
-      if run.after is not None and run.after not in done:
-        if claims.holder(run_dir(by_key[run.after], root)) is not None:
-          waiting.append(run.key)   # another process trains what it starts from
-        else:
-          say(run.key, f"skip {run.key}: waits for {run.after}")
-        continue
-      differs = run.after is not None and diverged(by_key[run.after], root)
-      if differs:
-        say(run.key, _diverged_line(run, differs))
+      blocked = _blocked_line(run, root, done, by_key)
+      if blocked:
+        say(run.key, blocked)
         continue
       if max_runs is not None and started >= max_runs:
         return 0

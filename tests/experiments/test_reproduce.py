@@ -166,13 +166,14 @@ def test_stale_runs_are_listed_never_read(tmp_path):
   assert new.name == "pkm_s1"
 
 
-def test_run_queue_skips_stale_and_waits_for_the_baseline(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("claim", [False, True])
+def test_run_queue_skips_stale_and_waits_for_the_baseline(tmp_path, monkeypatch, capsys, claim):
   by_key = {r.key: r for r in reproduce.plan()}
   _fake_run(tmp_path, by_key["bytes/baseline_s0"], 2.0, design=None)
   calls = []
   monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
   runs = [by_key[k] for k in ("bytes/baseline_s0", "bytes/inserted_low_s0", "bytes/pkm_s0")]
-  assert reproduce.run_queue(runs, tmp_path) == 0
+  assert reproduce.run_queue(runs, tmp_path, claim=claim) == 0
   out = capsys.readouterr().out
   assert "skip bytes/baseline_s0" in out and "stale" in out
   assert "skip bytes/inserted_low_s0: waits for bytes/baseline_s0" in out
