@@ -40,7 +40,7 @@ says which. Prints the table and `Lngram training-step overhead <= +5%: PASS|FAI
 
 Depth: at 28 layers the run holds ~60 GB on the device and compiles two unrolled train
 steps; `gpu_suite.sh` runs it at 16 layers (the memory at layers 2 and 14 still) to stay
-inside its 120 s step with the checkpoint write (2.1 GiB at 16 layers) included. Fewer
+inside its 180 s step with the checkpoint write (2.1 GiB at 16 layers) included. Fewer
 layers than 28 overstate the overhead (the two memory layers' fixed cost over a shallower
 backbone), so a PASS at 16 layers holds at 28. `--tiny`: hf_import.TINY widths, 4 layers with the memory at
 layers 1 and 3 (0-based), the recipe's `smoke` memory (4 routes, 2-bit codes, float32),
@@ -73,6 +73,7 @@ from experiments.tasks.lm import lm_loss
 from experiments.trainer import optimizer as optim_lib
 from experiments.trainer.placement import make_train_mesh
 from experiments.trainer.state import init_train_state
+from lngram_jax.lookup import SURROGATE_IMPLS, use_surrogate_impl
 
 RECIPE = "experiments/configs/hf_lngram.py"
 TARGET_PCT = 5.0   # the target: Lngram's training-step overhead, percent of the baseline's
@@ -247,6 +248,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--batch", type=int, default=None, help="rows per step (default 8)")
   parser.add_argument("--seq-len", type=int, default=None, help="tokens per row (default 1024)")
   parser.add_argument("--repeats", type=int, default=5, help="timed steps per run (median)")
+  parser.add_argument("--surrogate-impl", choices=SURROGATE_IMPLS, default="auto",
+                      help="the one-bit surrogate backward's implementation while the steps "
+                           "are traced (lngram_jax.lookup; default auto)")
   parser.add_argument("--dir", default=None,
                       help="where the synthetic checkpoint goes (default: a temporary "
                            "directory, removed afterwards)")
@@ -279,7 +283,8 @@ def main(argv=None) -> dict:
   device = jax.devices()[0]
   print(f"Lngram v2 training step at {'tiny' if args.tiny else 'Qwen3-1.7B'} widths, "
         f"{args.layers} layers, memory at {args.memory_layers} (0-based), B {args.batch} x "
-        f"T {args.seq_len}; jax {jax.__version__}, {device.platform} ({device.device_kind})")
+        f"T {args.seq_len}, surrogate backward {args.surrogate_impl}; jax {jax.__version__}, "
+        f"{device.platform} ({device.device_kind})")
   try:
     t0 = time.perf_counter()
     size = hf_import.write_checkpoint(hf_dir, args.layers, widths=widths)
@@ -290,7 +295,8 @@ def main(argv=None) -> dict:
         platform=device.platform, device_kind=device.device_kind,
         machine=f"{platform.machine()}, {os.cpu_count()} CPU cores", widths=dict(widths),
         layers=args.layers, memory_layers=list(args.memory_layers), batch=args.batch,
-        seq_len=args.seq_len, repeats=args.repeats, tiny=args.tiny, checkpoint_bytes=size,
+        seq_len=args.seq_len, repeats=args.repeats, tiny=args.tiny,
+        surrogate_impl=args.surrogate_impl, checkpoint_bytes=size,
         checkpoint_write_s=write_s, recipe=RECIPE)
 
     def save(result):
@@ -298,8 +304,10 @@ def main(argv=None) -> dict:
         with open(args.json, "w") as f:
           json.dump({**result, **meta}, f, indent=2)
 
-    result = run(hf_dir, tiny=args.tiny, memory_layers=args.memory_layers,
-                 batch_size=args.batch, seq_len=args.seq_len, repeats=args.repeats, save=save)
+    with use_surrogate_impl(args.surrogate_impl):   # the steps are traced inside `run`
+      result = run(hf_dir, tiny=args.tiny, memory_layers=args.memory_layers,
+                   batch_size=args.batch, seq_len=args.seq_len, repeats=args.repeats,
+                   save=save)
   finally:
     if not args.dir:
       shutil.rmtree(hf_dir, ignore_errors=True)

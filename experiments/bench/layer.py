@@ -177,6 +177,19 @@ def live_lngram(config: LngramConfig, seed: int = 0) -> LngramV2:
   return model
 
 
+def dense_layer(shape: BenchShape, attention: str = "xla") -> DenseDecoderLayer:
+  """The yardstick: a standard decoder layer of the model's width, d / Hq per head.
+
+  Its heads are the model's attention heads, not the memory's readout heads, which
+  may be wider (gpu_r512 reads with dh 256 at d 2048).
+  """
+  dtype = jnp.dtype(shape.dtype)
+  return DenseDecoderLayer(
+      shape.d_model, q_heads=shape.q_heads, kv_heads=shape.kv_heads,
+      head_dim=shape.d_model // shape.q_heads, dtype=dtype, param_dtype=dtype,
+      attention=attention, rngs=nnx.Rngs(0))
+
+
 def run(shape: BenchShape, *, readouts=LAYER_READOUTS, surrogates=SURROGATES,
         surrogate_impls=(), repeats: int = 5, warmup: int = 1, attention: str = "xla",
         log=print) -> dict:
@@ -184,9 +197,7 @@ def run(shape: BenchShape, *, readouts=LAYER_READOUTS, surrogates=SURROGATES,
   dtype = jnp.dtype(shape.dtype)
   h_BxTxD = _normal((shape.batch, shape.time, shape.d_model), 1.0, dtype, seed=42)
   variants = {}
-  variants["dense decoder layer"] = module_fns(DenseDecoderLayer(
-      shape.d_model, q_heads=shape.q_heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-      dtype=dtype, param_dtype=dtype, attention=attention, rngs=nnx.Rngs(0)), h_BxTxD)
+  variants["dense decoder layer"] = module_fns(dense_layer(shape, attention), h_BxTxD)
   # Readout forms with the default one-bit surrogate, then surrogates with absorbed.
   layers = [(r, "onebit") for r in readouts]
   layers += [("absorbed", s) for s in surrogates if ("absorbed", s) not in layers]

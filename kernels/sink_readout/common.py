@@ -73,15 +73,26 @@ class BlockSizes:
 
   @classmethod
   def get_default(cls, implementation: Implementation, route_dim: int = 256,
-                  layout: Layout = "per_token") -> BlockSizes:
-    """Defaults per implementation; route_dim (Dr) sets the register budget."""
+                  layout: Layout = "per_token", itemsize: int = 2) -> BlockSizes:
+    """Defaults per implementation; route_dim (Dr) sets the register budget.
+
+    itemsize: bytes per element of q and mem (2 for bf16/f16, 4 for f32); the
+    token-block forward's shared memory grows with it (see below).
+    """
     if layout == "token_block":
       # Untuned (timed by `experiments.bench.kernels`). The stacked tiles hold
       # block_n times the rows of the per-token ones: two tokens, and the
       # backward's [block_n·block_r, Dr] mem and dmem tiles kept at 32 rows.
+      # The forward's shared memory is num_stages·(block_n·block_r)·Dr + block_n·Hq·Dr
+      # elements (the pipelined mem tile and q): 288 KiB at f32, block_r 64, Dr 256,
+      # Hq 16, over the 227 KiB an H100/H200 block may hold (Triton refused it on an
+      # H200), so 4-byte inputs take half the routes per step.
+      wide = itemsize >= 4
       if route_dim > 256:
-        return cls(block_n=2, block_r=32, block_r_bwd=8, num_warps=8, layout=layout)
-      return cls(block_n=2, block_r=64, block_r_bwd=16, num_warps=4, layout=layout)
+        return cls(block_n=2, block_r=16 if wide else 32, block_r_bwd=8, num_warps=8,
+                   layout=layout)
+      return cls(block_n=2, block_r=32 if wide else 64, block_r_bwd=16, num_warps=4,
+                 layout=layout)
     if implementation == "mosaic_tpu":
       # Untuned (no TPU measurements yet); sized so that the backward's double-
       # buffered mem and dmem blocks stay within a few MiB of VMEM at Dr = 512.
@@ -92,6 +103,20 @@ class BlockSizes:
     if route_dim > 256:
       return cls(block_n=1, block_r=32, block_r_bwd=16, num_warps=8)
     return cls(block_n=1, block_r=64, block_r_bwd=32, num_warps=4)
+
+
+# Shared memory one thread block may hold on an H100/H200 (Triton's error names it).
+HOPPER_SMEM_BYTES = 232448
+
+
+def token_block_forward_smem_bytes(blocks: BlockSizes, q_heads: int, route_dim: int,
+                                   itemsize: int) -> int:
+  """Shared memory the token-block forward asks for: the pipelined [block_n·block_r, Dr]
+  mem tile (num_stages copies) and the [block_n·Hq, Dr] q tile, padded as Triton pads.
+  Matches the 294,912 bytes an H200 refused for f32, block_n 2, block_r 64, Hq 16, Dr 256."""
+  rows = blocks.num_stages * triton_pad(blocks.block_n * blocks.block_r)
+  rows += triton_pad(blocks.block_n * triton_pad(q_heads))
+  return rows * triton_pad(route_dim) * itemsize
 
 
 def next_power_of_2(x: int) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments.bench import hf_train_step
+from lngram_jax.lookup import default_surrogate_impl
 
 SUITE = Path(__file__).resolve().parents[2] / "experiments" / "bench" / "gpu_suite.sh"
 
@@ -56,6 +57,30 @@ def test_table_target_line_and_json(tiny_run):
   verdict = "PASS" if target["passed"] else "FAIL"
   assert f"Lngram training-step overhead <= +5%: {verdict} ({result['overhead_pct']:.1f}%)" in out
   assert (out_dir / "ckpt" / "config.json").exists()   # --dir keeps the checkpoint
+  assert result["surrogate_impl"] == "auto"
+
+
+def test_surrogate_impl_is_in_force_while_the_steps_are_traced(monkeypatch, tmp_path):
+  """`--surrogate-impl gather` is the lookup default inside `run` (where the steps are
+  traced) and recorded; afterwards the default is back to what it was."""
+  seen = []
+
+  def fake_run(*args, **kwargs):
+    seen.append(default_surrogate_impl())
+    return {"rows": {}, "step0_check": {"passed": False, "max_abs_diff": 1.0,
+                                        "max_abs_logit": 1.0, "tolerance": 0.0,
+                                        "losses_finite": True}}
+
+  monkeypatch.setattr(hf_train_step, "run", fake_run)
+  monkeypatch.setattr(hf_train_step.hf_import, "write_checkpoint", lambda *a, **k: 0)
+  path = tmp_path / "r.json"
+  with pytest.raises(SystemExit):   # the fake step-0 check fails: exit 1, nothing timed
+    hf_train_step.main(["--tiny", "--surrogate-impl", "gather", "--dir", str(tmp_path),
+                        "--json", str(path)])
+  assert seen == ["gather"] and default_surrogate_impl() == "auto"
+  assert json.loads(path.read_text())["surrogate_impl"] == "gather"
+  with pytest.raises(SystemExit):
+    hf_train_step.parse_args(["--tiny", "--surrogate-impl", "fast"])
 
 
 def test_failed_step_0_check_is_not_timed():

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from flax import nnx
 
 from experiments.bench import layer as bench
 
@@ -32,6 +33,16 @@ def test_main_runs_on_tiny_shape_and_writes_json(tmp_path, capsys):
   assert len(names) == 2 and all(("PASS: " + n in out) or ("FAIL: " + n in out) for n in names)
   saved = json.loads(path.read_text())
   assert saved["shape_name"] == "tiny" and saved["rows"].keys() == rows.keys()
+
+
+@pytest.mark.parametrize("shape_name", sorted(bench.SHAPES))
+def test_every_shape_builds_its_dense_yardstick(shape_name):
+  """Abstractly (no weights are drawn): the r512 shape's readout heads (dh 256 at
+  d 2048, 16 heads) once broke the dense layer's constructor on the GPU."""
+  shape = bench.SHAPES[shape_name]
+  layer = nnx.eval_shape(lambda: bench.dense_layer(shape))
+  assert layer.w_q.shape == (shape.d_model, shape.d_model)
+  assert layer.w_o.shape == (shape.d_model, shape.d_model)
 
 
 def _row(fwd, fwd_bwd, dense=(1.0, 1.0)):

@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
 from kernels.sink_readout import BlockSizes, sink_readout, sink_readout_reference, triton_amortised
+from kernels.sink_readout.common import HOPPER_SMEM_BYTES, token_block_forward_smem_bytes
 
 H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
     device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
@@ -145,7 +146,8 @@ def _loss(blocks, q, mem, sink_logit):
 ], ids=["r64_d256", "r300_d384_h12", "r64_n4"])
 def test_token_block_lowers_for_cuda(shape, blocks, dtype):
   BT, Hq, R, Dr = shape
-  blocks = blocks or BlockSizes.get_default("triton", Dr, layout="token_block")
+  blocks = blocks or BlockSizes.get_default("triton", Dr, layout="token_block",
+                                            itemsize=jnp.dtype(dtype).itemsize)
   avals = (jax.ShapeDtypeStruct((BT, Hq, Dr), dtype), jax.ShapeDtypeStruct((BT, R, Dr), dtype),
            jax.ShapeDtypeStruct((), jnp.float32))
   loss = functools.partial(_loss, blocks)
@@ -170,6 +172,21 @@ def test_lowering_rejects_a_token_block_interpret_accepts():
     _lower_cuda(forward, (q, mem))
 
 
+def test_default_token_blocks_fit_hopper_shared_memory():
+  """The f32 default once asked an H200 for 294,912 bytes (the smem model's calibration
+  point); the defaults now fit at both widths and both element sizes, at 16 heads."""
+  old_f32 = BlockSizes(block_n=2, block_r=64, block_r_bwd=16, num_warps=4, layout="token_block")
+  assert token_block_forward_smem_bytes(old_f32, 16, 256, 4) == 294912 > HOPPER_SMEM_BYTES
+  for route_dim in (256, 512):
+    for itemsize in (2, 4):
+      blocks = BlockSizes.get_default("triton", route_dim, layout="token_block",
+                                      itemsize=itemsize)
+      used = token_block_forward_smem_bytes(blocks, 16, route_dim, itemsize)
+      assert used <= HOPPER_SMEM_BYTES, (route_dim, itemsize, used)
+  # bf16 keeps the routes per step it had (the r64 benchmark rows were timed with them).
+  assert BlockSizes.get_default("triton", 256, layout="token_block").block_r == 64
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_token_block_on_gpu(dtype):
@@ -181,7 +198,8 @@ def test_token_block_on_gpu(dtype):
           jax.random.normal(ko, (BT, Hq, Dr), jnp.float32).astype(dtype),
           jax.random.normal(kl, (BT, Hq), jnp.float32))
   readout = functools.partial(sink_readout, scale=SCALE, implementation="triton",
-                              block_sizes=BlockSizes.get_default("triton", Dr,
-                                                                 layout="token_block"))
+                              block_sizes=BlockSizes.get_default(
+                                  "triton", Dr, layout="token_block",
+                                  itemsize=jnp.dtype(dtype).itemsize))
   # f32 dots on the GPU may run as TF32 inside XLA's reference.
   _compare(args, 1.0, 3e-2 if dtype == jnp.bfloat16 else 5e-3, readout=readout)
