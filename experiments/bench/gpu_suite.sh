@@ -230,7 +230,7 @@ fi
 # --- 5c. Lngram v2 training-step cost at Qwen3-1.7B widths, Table 13's recipe (~150 s) ---
 # (2026-12-04 on an H200: checkpoint 23 s, the baseline's first compile 29 s without the
 # compilation cache; 120 s ended inside the memory model's compile.) Then both rows again
-# with the "gather" surrogate backward (see step 4), the checkpoint written anew.
+# with the "gather" surrogate backward (see step 4) on the same checkpoint (--dir: reused).
 # experiments/bench/hf_train_step.py: a synthetic checkpoint written by the import path,
 # the recipe with Lngram v2 at layers 2 and 14 (1-based) against it without memory; the
 # step-0 logits must agree before timing. 16 of the 28 layers, so that the checkpoint
@@ -240,9 +240,10 @@ if [ "$SMOKE" = 1 ]; then
     --json "$OUT/hf_train_step.json"
 else
   step hf-train-step 180 "$PY" -m experiments.bench.hf_train_step --layers 16 \
-    --memory-layers 1,13 --repeats 5 --json "$OUT/hf_train_step.json"
+    --memory-layers 1,13 --repeats 5 --dir /tmp/hf_train_step_ckpt \
+    --json "$OUT/hf_train_step.json"
   step hf-step-gather 100 "$PY" -m experiments.bench.hf_train_step --layers 16 \
-    --memory-layers 1,13 --repeats 5 --surrogate-impl gather \
+    --memory-layers 1,13 --repeats 5 --surrogate-impl gather --dir /tmp/hf_train_step_ckpt \
     --json "$OUT/hf_train_step_gather.json"
 fi
 

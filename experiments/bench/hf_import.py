@@ -54,15 +54,29 @@ WIDTHS = dict(vocab_size=151936, d_model=2048, n_heads=16, n_kv_heads=8, head_di
 TINY = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48)
 
 
-def write_checkpoint(out: Path, layers: int, seed: int = 0, widths=None) -> int:
-  """The synthetic checkpoint (config.json + model.safetensors); returns its bytes."""
+def write_checkpoint(out: Path, layers: int, seed: int = 0, widths=None, *,
+                     reuse: bool = False) -> int:
+  """The synthetic checkpoint (config.json + model.safetensors); returns its bytes.
+
+  `synthetic.json` beside them records what was drawn (layers, seed, widths, bytes),
+  written last. With `reuse`, a directory whose record matches is left as it is (the
+  same draw: a second benchmark on one machine skips a write of gigabytes).
+  """
+  widths = dict(widths or WIDTHS)
+  record = {"layers": layers, "seed": seed, "widths": widths}
+  record_path = out / "synthetic.json"
+  if reuse and record_path.exists() and (out / "model.safetensors").exists():
+    written = json.loads(record_path.read_text())
+    if {k: written.get(k) for k in record} == record:
+      return written["bytes"]
   import ml_dtypes
 
   from experiments.hf.export import hf_config_json
   from experiments.hf.names import hf_shapes
   from experiments.hf.safetensors_io import write_file
   from experiments.models.config import LMConfig
-  config = LMConfig(**(widths or WIDTHS), n_layers=layers, max_len=40960,
+  record_path.unlink(missing_ok=True)   # a write cut short leaves no matching record
+  config = LMConfig(**widths, n_layers=layers, max_len=40960,
                     rope_theta=1e6, tie_embeddings=True, qk_norm=True,
                     norm_scale_in_dtype=True, param_dtype="bfloat16", dtype="bfloat16")
   rng = np.random.default_rng(seed)
@@ -71,7 +85,9 @@ def write_checkpoint(out: Path, layers: int, seed: int = 0, widths=None) -> int:
   out.mkdir(parents=True, exist_ok=True)
   write_file(out / "model.safetensors", tensors, {"format": "pt"})
   (out / "config.json").write_text(json.dumps(hf_config_json(config)))
-  return sum(t.nbytes for t in tensors.values())
+  size = sum(t.nbytes for t in tensors.values())
+  record_path.write_text(json.dumps({**record, "bytes": size}))
+  return size
 
 
 def measure(code: str) -> tuple[float, float]:

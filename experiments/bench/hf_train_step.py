@@ -252,8 +252,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="the one-bit surrogate backward's implementation while the steps "
                            "are traced (lngram_jax.lookup; default auto)")
   parser.add_argument("--dir", default=None,
-                      help="where the synthetic checkpoint goes (default: a temporary "
-                           "directory, removed afterwards)")
+                      help="where the synthetic checkpoint goes, kept, and reused when it "
+                           "already holds the same draw (default: a temporary directory, "
+                           "removed afterwards)")
   parser.add_argument("--json", default=None, metavar="PATH", help="also write results here")
   args = parser.parse_args(argv)
   sizes = TINY if args.tiny else FULL
@@ -287,9 +288,11 @@ def main(argv=None) -> dict:
         f"{device.platform} ({device.device_kind})")
   try:
     t0 = time.perf_counter()
-    size = hf_import.write_checkpoint(hf_dir, args.layers, widths=widths)
+    # A --dir that already holds this draw is reused (hf_import.write_checkpoint).
+    size = hf_import.write_checkpoint(hf_dir, args.layers, widths=widths,
+                                      reuse=args.dir is not None)
     write_s = time.perf_counter() - t0
-    print(f"checkpoint: {size / GIB:.3f} GiB bf16 written in {write_s:.1f} s")
+    print(f"checkpoint: {size / GIB:.3f} GiB bf16 in {hf_dir}, ready in {write_s:.1f} s")
     meta = dict(
         date=time.strftime("%Y-%m-%d"), jax_version=jax.__version__,
         platform=device.platform, device_kind=device.device_kind,
