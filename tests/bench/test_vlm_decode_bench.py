@@ -88,6 +88,10 @@ def test_summarize_by_hand():
   assert s["pvm"]["median"]["prefill_ms"] == pytest.approx(11.0)
   assert s["base"]["new_tokens_per_s"] == pytest.approx(8 / 0.018)
   assert s["target_met"] is False
+  times["pvm"]["generate"] = [0.01815, 0.030]   # +1.9% per token: within +2%
+  assert bench_decode.summarize(times, batch=2, new_tokens=4)["target_met"] is True
+  times["pvm"]["generate"] = [0.0182, 0.030]    # +2.5%: over it (within the old +3%)
+  assert bench_decode.summarize(times, batch=2, new_tokens=4)["target_met"] is False
   times["base"]["generate"] = [0.009, 0.010]  # generate faster than prefill: no ratio
   s = bench_decode.summarize(times, batch=2, new_tokens=4)
   assert s["decode_overhead_best"]["relative"] is None and s["target_met"] is None
@@ -130,7 +134,7 @@ def test_main_wide_at_tiny_numbers(tmp_path, capsys):
   assert overhead["ms_per_token"] == pytest.approx(pvm_tok - base_tok)
   if base_tok > 0:  # 3 tokens on a busy CPU may not resolve the decode time
     assert overhead["relative"] == pytest.approx(overhead["ms_per_token"] / base_tok)
-    assert result["summary"]["target_met"] == (overhead["relative"] <= 0.03)
+    assert result["summary"]["target_met"] == (overhead["relative"] <= 0.02)
   else:
     assert overhead["relative"] is None and result["summary"]["target_met"] is None
   assert jax.tree.leaves(result["times_s"]) == jax.tree.leaves(saved["times_s"])
