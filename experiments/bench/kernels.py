@@ -260,7 +260,7 @@ def _time_layer(config, h, g, *, repeats, inner):
   return fwd, fwd_bwd, peak
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--shape", default="all",
                       choices=["all", "tiny", "layer", *READOUT_SHAPES])
@@ -276,10 +276,16 @@ def main(argv=None):
                       help="also write the rows here (rewritten after each table, so a run"
                            " cut short keeps the tables it finished)")
   args = parser.parse_args(argv)
-  wanted = args.forms.split(",")
-  unknown = set(wanted) - {"literal", "absorbed", "pallas", "pallas_fused", "pallas_token_block"}
+  unknown = set(args.forms.split(",")) - {"literal", "absorbed", "pallas", "pallas_fused",
+                                          "pallas_token_block"}
   if unknown:
     parser.error(f"--forms: unknown {sorted(unknown)}")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  wanted = args.forms.split(",")
 
   platform = jax.devices()[0].platform
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind} ({platform})")

@@ -62,7 +62,7 @@ def rows(args) -> list[tuple[str, float]]:
   return timed
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tokens", type=int, default=2048)
   parser.add_argument("--d_model", type=int, default=256)
@@ -71,7 +71,11 @@ def main(argv=None):
   parser.add_argument("--expert_dim", type=int, default=256)
   parser.add_argument("--shared", type=int, default=1)
   parser.add_argument("--repeats", type=int, default=5)
-  args = parser.parse_args(argv)
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
   timed = dict(rows(args))
   print("| FFN (forward + backward) | best ms | / dense |\n| --- | ---: | ---: |")
   for name, ms in timed.items():

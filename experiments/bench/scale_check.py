@@ -274,7 +274,7 @@ def markdown(result: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="scale_out", help="output directory")
   parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU dry run)")
@@ -285,7 +285,11 @@ def main(argv=None) -> int:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--cache-dir", default=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
                       help="persistent compilation cache (default $JAX_COMPILATION_CACHE_DIR)")
-  args = parser.parse_args(argv)
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
   try:
     result = run(args.out, smoke=args.smoke, budget_s=args.budget_s,
                  arms=[a for a in args.arms.split(",") if a] or None, seed=args.seed,
