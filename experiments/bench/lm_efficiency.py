@@ -35,10 +35,12 @@ H800 (r64/m4/KV8: +6.1% prefill at 1024, +8.0% decode).
 Compile time: the dense blocks between memory layers run as `lax.scan` over
 stacked weights (`DecoderLM(scan=True)`), so a program holds five block bodies
 (3 dense scans, 2 memory blocks) instead of 28 blocks. The scanned decode step
-is not the model's, though: its compiled loop copies the whole carried K/V stacks
-at every layer (`experiments/models/lm.py`), 1.8x the unrolled time per token on
-an H200, so the GPU suite times Table 12 with `--impl loop`, the same `DecoderLM`
-unrolled (28 blocks: slower to compile); `--loop-check ROWS`
+is not the model's, though: its compiled loop copied the whole carried K/V stacks
+at every layer, 1.8x the unrolled time per token on an H200, and still copies each
+layer's K/V slice and weights out of the stacks (`experiments/models/lm.py`; 1.7x
+on CPU, from 2.25x: `experiments.bench.scan_decode`), so the GPU suite times
+Table 12 with `--impl loop`, the same `DecoderLM` unrolled (28 blocks: slower to
+compile); `--loop-check ROWS`
 times just those rows that way (prefill at the longest prompt, decode B = 1)
 right after their scanned rows and reports scan / loop time: ~1 means the
 scanned numbers are the model's. XLA may copy a layer's weights out of the

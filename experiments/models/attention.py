@@ -5,11 +5,15 @@ One `attend` serves all three paths, so they differ only in their masks:
   prefill   the parallel path, also returning K, V to fill the cache;
   decode    one query per row against the cache; mask = cache slots holding a
             real token of the row's current segment (the new slot included).
+`decode_rows` is decode for a cache the caller cannot update in place (a
+scanned layer stack): `attend_cache_and_new` reads the cache's slots and the
+new key beside it, and the caller writes the returned rows.
 Shape legend in experiments/models/__init__.py.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -53,6 +57,32 @@ def attend(q_BxTxHqxDh, k_BxSxHkvxDh, v_BxSxHkvxDh, mask_BxTxS, *, return_probs=
     # Query head h = k·G + g, the order of the reshape above.
     return o_BxTxHqxDh, p_BxHkvxGxTxS.reshape(B, Hq, T, -1)
   return o_BxTxHqxDh
+
+
+def attend_cache_and_new(q_Bx1xHqxDh, k_BxSxHkvxDh, v_BxSxHkvxDh, k_Bx1xHkvxDh,
+                         v_Bx1xHkvxDh, key_ok_BxS):
+  """`attend` of one query per row over the cache slots `key_ok_BxS` marks and the
+  row's own new key and value, which are not in the cache: one softmax over both
+  score sets. The same maths as writing the new key into its slot and attending
+  over the cache with that slot marked, without the cache write.
+  """
+  B, _, Hq, Dh = q_Bx1xHqxDh.shape
+  Hkv = k_BxSxHkvxDh.shape[2]
+  S = k_BxSxHkvxDh.shape[1]
+  q_Bx1xHkvxGxDh = q_Bx1xHqxDh.reshape(B, 1, Hkv, Hq // Hkv, Dh)
+
+  def scores(k_BxSxHkvxDh):
+    return jnp.einsum("btkgh,bskh->bkgts", q_Bx1xHkvxGxDh, k_BxSxHkvxDh,
+                      preferred_element_type=jnp.float32) / math.sqrt(Dh)
+
+  s_BxHkvxGx1xS = jnp.where(key_ok_BxS[:, None, None, None, :], scores(k_BxSxHkvxDh),
+                            jnp.finfo(jnp.float32).min)
+  s_BxHkvxGx1xS1 = jnp.concatenate([s_BxHkvxGx1xS, scores(k_Bx1xHkvxDh)], axis=-1)
+  p_BxHkvxGx1xS1 = jax.nn.softmax(s_BxHkvxGx1xS1, axis=-1).astype(v_BxSxHkvxDh.dtype)
+  read = functools.partial(jnp.einsum, "bkgts,bskh->btkgh", preferred_element_type=jnp.float32)
+  o_Bx1xHkvxGxDh = (read(p_BxHkvxGx1xS1[..., :S], v_BxSxHkvxDh)
+                    + read(p_BxHkvxGx1xS1[..., S:], v_Bx1xHkvxDh))
+  return o_Bx1xHkvxGxDh.reshape(B, 1, Hq, Dh).astype(q_Bx1xHqxDh.dtype)
 
 
 class Attention(nnx.Module):
@@ -157,3 +187,17 @@ class Attention(nnx.Module):
     o_Bx1xHqxDh = attend(q_Bx1xHqxDh, k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh,
                          key_ok_BxS[:, None, :])
     return self.project_out(o_Bx1xHqxDh), k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh
+
+  def decode_rows(self, x_Bx1xD, positions_Bx1, k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh, *,
+                  key_ok_BxS):
+    """`decode` that leaves the cache as it is: attends over the slots `key_ok_BxS`
+    marks (not the new one) and this token's own K, V. Returns y [B, 1, D] and the
+    token's K, V rows [B, Hkv, Dh] in the cache dtype, for the caller to write.
+    """
+    q_Bx1xHqxDh, k_Bx1xHkvxDh, v_Bx1xHkvxDh = self.qkv(x_Bx1xD, positions_Bx1)
+    # Rounded to the cache dtype first, as `decode` reads them back from the cache.
+    k_Bx1xHkvxDh = k_Bx1xHkvxDh.astype(k_cache_BxSxHkvxDh.dtype)
+    v_Bx1xHkvxDh = v_Bx1xHkvxDh.astype(v_cache_BxSxHkvxDh.dtype)
+    o_Bx1xHqxDh = attend_cache_and_new(q_Bx1xHqxDh, k_cache_BxSxHkvxDh, v_cache_BxSxHkvxDh,
+                                       k_Bx1xHkvxDh, v_Bx1xHkvxDh, key_ok_BxS)
+    return self.project_out(o_Bx1xHqxDh), k_Bx1xHkvxDh[:, 0], v_Bx1xHkvxDh[:, 0]

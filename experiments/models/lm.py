@@ -30,12 +30,16 @@ program then compiles a few block bodies instead of n_layers (the 28-layer
 efficiency benchmark). `blocks[k]` covers the layers `layer_spans[k]`; the
 cache holds one `LayerCache` per entry, stacked likewise. Parameter paths
 differ from the unrolled model's, so checkpoints and the trainer use
-`scan=False`. Decode is slower scanned: the compiled loop body copies the whole
-carried [layers, B, S, Hkv, Dh] K and V stacks at every layer (XLA's copy
-insertion, seen in the compiled HLO; writing back only the token's row instead
-of the layer's slice leaves the copies in place). 1.8x the unrolled model's time
-per token at the 28 x d 2048 shape on an H200, ~2x on CPU at a 2,048-token
-cache; prefill is not affected. Time decode, and generate, with `scan=False`.
+`scan=False`. Decode is slower scanned. A scanned span reads each layer's K/V
+slice as a scanned input, attends to the new token's key beside it
+(`Attention.decode_rows`) and returns only the token's K/V rows, written into
+the stacks after the scan; XLA still materialises each layer's K/V slice and
+weights out of the stacks (dynamic slices), which the unrolled model reads in
+place. At 28 layers, B 1, a 2,048-token cache on CPU (d 128, float32) a token
+takes 1.7-1.9x the unrolled model's time (`experiments.bench.scan_decode`).
+Carrying the stacks through the scan instead copied both whole stacks at every
+layer: 2.3-2.6x on CPU, 1.8x at the 28 x d 2048 shape on an H200. Prefill is
+not affected. Time decode, and generate, with `scan=False`.
 
 Parameter paths (stable; optimiser groups and trainable masks use them):
 `embed/table`, `blocks/<i>/{memory,attn_norm,attn,mlp_norm,mlp,ffn_branch}/...`
@@ -60,7 +64,7 @@ from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segmen
 from experiments.models.moe import MoEFFN
 from lngram_jax.layer import LngramV2
 
-Mode = Literal["parallel", "prefill", "decode"]
+Mode = Literal["parallel", "prefill", "decode", "decode_rows"]
 
 
 def _run_branch(branch, mode: Mode, x_BxTxD, ctx, state):
@@ -119,7 +123,18 @@ class Block(nnx.Module):
                  ctx.lengths_B describe the prompt.
     decode    -> (x_Bx1xD, next LayerCache); `cache` is this layer's, `index_B`
                  the slot to write, `key_ok_BxS` the slots to read (new one marked).
+    decode_rows -> (x_Bx1xD, (k, v) rows [B, Hkv, Dh]): decode without writing
+                 `cache` (a scanned stack's slice); `key_ok_BxS` marks the slots to
+                 read besides the new token. Blocks without branches only.
     """
+    if mode == "decode_rows":
+      if self.memory is not None or self.ffn_branch is not None:
+        raise ValueError("Block: mode 'decode_rows' is for blocks without branches.")
+      h_Bx1xD = self.attn_norm(x_BxTxD)
+      attn_Bx1xD, k_BxHkvxDh, v_BxHkvxDh = self.attn.decode_rows(
+          h_Bx1xD, positions_BxT, cache.k_BxSxHkvxDh, cache.v_BxSxHkvxDh, key_ok_BxS=key_ok_BxS)
+      x_BxTxD = x_BxTxD + attn_Bx1xD
+      return x_BxTxD + self._mlp(x_BxTxD, ctx, {}, mode), (k_BxHkvxDh, v_BxHkvxDh)
     states = {"memory": None, "ffn_branch": None}
     aux = {}
 
@@ -150,14 +165,7 @@ class Block(nnx.Module):
         aux["attn/probs"] = extras["probs"]
     x_BxTxD = x_BxTxD + attn_BxTxD
     y_ffn_BxTxD = None if self.ffn_branch is None else branch("ffn_branch", x_BxTxD)
-    if isinstance(self.mlp, MoEFFN):
-      y_mlp_BxTxD, moe_aux = self.mlp(self.mlp_norm(x_BxTxD), valid_BxT=ctx.valid_BxT,
-                                      mesh=ctx.mesh)
-      if mode == "parallel":
-        aux.update({f"moe/{name}": v for name, v in moe_aux.items()})
-    else:
-      y_mlp_BxTxD = self.mlp(self.mlp_norm(x_BxTxD))
-    x_BxTxD = x_BxTxD + y_mlp_BxTxD
+    x_BxTxD = x_BxTxD + self._mlp(x_BxTxD, ctx, aux, mode)
     if y_ffn_BxTxD is not None:
       x_BxTxD = x_BxTxD + y_ffn_BxTxD
     if mode == "parallel":
@@ -170,6 +178,16 @@ class Block(nnx.Module):
     return x_BxTxD, LayerCache(k_BxSxHkvxDh=k_cache, v_BxSxHkvxDh=v_cache,
                                memory_state=states["memory"],
                                ffn_branch_state=states["ffn_branch"])
+
+  def _mlp(self, x_BxTxD, ctx: BranchContext, aux: dict, mode: Mode):
+    """The FFN's output (dense or MoE; the MoE's aux into `aux` in parallel mode)."""
+    if isinstance(self.mlp, MoEFFN):
+      y_mlp_BxTxD, moe_aux = self.mlp(self.mlp_norm(x_BxTxD), valid_BxT=ctx.valid_BxT,
+                                      mesh=ctx.mesh)
+      if mode == "parallel":
+        aux.update({f"moe/{name}": v for name, v in moe_aux.items()})
+      return y_mlp_BxTxD
+    return self.mlp(self.mlp_norm(x_BxTxD))
 
   def init_cache(self, batch: int, max_len: int, ctx: BranchContext) -> LayerCache:
     kv_shape = (batch, max_len, self.attn.n_kv_heads, self.attn.head_dim)
@@ -426,15 +444,18 @@ class DecoderLM(nnx.Module):
       return block(x_Bx1xD, ctx, mode="decode", positions_BxT=cache.position_B[:, None],
                    cache=layer_cache, index_B=cache.index_B, key_ok_BxS=key_ok_BxS)
 
-    def body(block, carry, i):
-      # Layer i of a span reads and writes its slice of the stacked K/V cache
-      # ([span layers, B, S, Hkv, Dh]), which the scan carries (updated in place)
-      # instead of emitting a new stack per token.
-      x_Bx1xD, k_stack, v_stack = carry
-      x_Bx1xD, layer_cache = step(block, x_Bx1xD, LayerCache(k_BxSxHkvxDh=k_stack[i],
-                                                             v_BxSxHkvxDh=v_stack[i]))
-      return (x_Bx1xD, k_stack.at[i].set(layer_cache.k_BxSxHkvxDh),
-              v_stack.at[i].set(layer_cache.v_BxSxHkvxDh)), None
+    # The slots a scanned layer reads besides its new token (the new slot cleared).
+    old_ok_BxS = key_ok_BxS.at[rows_B, cache.index_B].set(False)
+
+    def body(block, x_Bx1xD, kv):
+      # Each layer of a span reads its slice of the stacked K/V cache as a scanned
+      # input, leaves it unwritten (the new key is attended beside it) and emits
+      # only this token's K/V rows; the stacks are written once, after the scan.
+      # Carrying the stacks instead made XLA copy both whole stacks at every
+      # layer, and writing the row into the slice made it copy the slice.
+      return block(x_Bx1xD, ctx, mode="decode_rows", positions_BxT=cache.position_B[:, None],
+                   cache=LayerCache(k_BxSxHkvxDh=kv[0], v_BxSxHkvxDh=kv[1]),
+                   key_ok_BxS=old_ok_BxS)
 
     layers = []
     for block, (start, stop), layer_cache in zip(self.blocks, self.layer_spans, cache.layers,
@@ -442,10 +463,12 @@ class DecoderLM(nnx.Module):
       if stop - start == 1:
         x_Bx1xD, layer_cache = step(block, x_Bx1xD, layer_cache)
       else:
-        (x_Bx1xD, k, v), _ = _scan(block, body, (x_Bx1xD, layer_cache.k_BxSxHkvxDh,
-                                                 layer_cache.v_BxSxHkvxDh),
-                                   jnp.arange(stop - start, dtype=jnp.int32))
-        layer_cache = LayerCache(k_BxSxHkvxDh=k, v_BxSxHkvxDh=v)
+        k_LxBxSxHkvxDh, v_LxBxSxHkvxDh = layer_cache.k_BxSxHkvxDh, layer_cache.v_BxSxHkvxDh
+        x_Bx1xD, (k_LxBxHkvxDh, v_LxBxHkvxDh) = _scan(block, body, x_Bx1xD,
+                                                     (k_LxBxSxHkvxDh, v_LxBxSxHkvxDh))
+        layer_cache = LayerCache(
+            k_BxSxHkvxDh=k_LxBxSxHkvxDh.at[:, rows_B, cache.index_B].set(k_LxBxHkvxDh),
+            v_BxSxHkvxDh=v_LxBxSxHkvxDh.at[:, rows_B, cache.index_B].set(v_LxBxHkvxDh))
       layers.append(layer_cache)
     new_cache = DecodeCache(layers=tuple(layers), index_B=cache.index_B + 1,
                             position_B=cache.position_B + 1, key_ok_BxS=key_ok_BxS)

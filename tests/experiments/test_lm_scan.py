@@ -117,6 +117,12 @@ def test_prefill_and_decode_equal_the_unrolled_model():
     want, want_cache = decode(unrolled, token_Bx1, want_cache)
     got, got_cache = decode(scanned, token_Bx1, got_cache)
     np.testing.assert_allclose(got, want, err_msg=f"decode step {step}", **TOL)
+  # Decode writes each row's token into every layer's slice of the stacks.
+  for lc, (start, stop) in zip(got_cache.layers, scanned.layer_spans, strict=True):
+    for i in range(start, stop):
+      j = slice(None) if stop - start == 1 else i - start
+      np.testing.assert_allclose(lc.k_BxSxHkvxDh[j], want_cache.layers[i].k_BxSxHkvxDh, **TOL)
+      np.testing.assert_allclose(lc.v_BxSxHkvxDh[j], want_cache.layers[i].v_BxSxHkvxDh, **TOL)
 
 
 def test_an_empty_scanned_cache_decodes_like_the_unrolled_one():
@@ -128,3 +134,48 @@ def test_an_empty_scanned_cache_decodes_like_the_unrolled_one():
     (want, caches[0]), (got, caches[1]) = (m.decode_step(token_Bx1, c) for m, c in
                                            zip((unrolled, scanned), caches, strict=True))
     np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, TOL), (jnp.bfloat16, dict(atol=2e-2))])
+def test_decode_rows_attends_like_decode_without_writing_the_cache(dtype, tol):
+  """The scanned layers' decode: the new key beside the cache, not in it, gives the
+  output and rows of `decode`, whatever stale values sit in the slot being written
+  and in slots the mask leaves out."""
+  from experiments.models.attention import Attention
+
+  attn = Attention(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, rope_theta=1e4,
+                   dtype=dtype, param_dtype=jnp.float32, init_std=0.3, out_std=0.3,
+                   rngs=nnx.Rngs(0))
+  B, S = 3, 8
+  rng = np.random.default_rng(0)
+  k_BxSxHkvxDh, v_BxSxHkvxDh = (jnp.asarray(rng.normal(size=(B, S, 2, 8)), dtype)
+                                for _ in range(2))
+  x_Bx1xD = jnp.asarray(rng.normal(size=(B, 1, 32)), dtype)
+  index_B = jnp.asarray([5, 0, 7], jnp.int32)
+  rows_B = jnp.arange(B)
+  # Row 0 reads slots 0-4 and 2 of them are masked out (another segment); row 1 has
+  # no earlier slot; row 2 reads all 7.
+  old_ok_BxS = jnp.arange(S)[None, :] < index_B[:, None]
+  old_ok_BxS = old_ok_BxS.at[0, jnp.asarray([1, 3])].set(False)
+  positions_Bx1 = index_B[:, None] + 2
+  want_y, want_k, want_v = attn.decode(x_Bx1xD, positions_Bx1, k_BxSxHkvxDh, v_BxSxHkvxDh,
+                                       index_B=index_B,
+                                       key_ok_BxS=old_ok_BxS.at[rows_B, index_B].set(True))
+  got_y, k_BxHkvxDh, v_BxHkvxDh = attn.decode_rows(x_Bx1xD, positions_Bx1, k_BxSxHkvxDh,
+                                                   v_BxSxHkvxDh, key_ok_BxS=old_ok_BxS)
+  assert got_y.dtype == want_y.dtype == dtype and k_BxHkvxDh.dtype == dtype
+  np.testing.assert_allclose(np.float32(got_y), np.float32(want_y), **tol)
+  np.testing.assert_array_equal(np.float32(k_BxSxHkvxDh.at[rows_B, index_B].set(k_BxHkvxDh)),
+                                np.float32(want_k))
+  np.testing.assert_array_equal(np.float32(v_BxSxHkvxDh.at[rows_B, index_B].set(v_BxHkvxDh)),
+                                np.float32(want_v))
+
+
+def test_decode_rows_is_refused_by_a_block_with_a_branch():
+  _, scanned = _pair()
+  (k,) = [k for k, (start, _) in enumerate(scanned.layer_spans) if start == 2]
+  block, cache = scanned.blocks[k], scanned.init_cache(1, 8).layers[k]
+  with pytest.raises(ValueError, match="decode_rows"):
+    block(jnp.zeros((1, 1, 32)), BranchContext(), mode="decode_rows",
+          positions_BxT=jnp.zeros((1, 1), jnp.int32), cache=cache,
+          key_ok_BxS=jnp.zeros((1, 8), bool))
