@@ -13,7 +13,8 @@ with one warning line per step tried (naming the step tried next); a step asked
 for by number, or no valid step at all, is an error. A step that disappears
 while it is read (a `train` running in the same workdir keeps only its newest
 `max_to_keep` steps) is not corrupt: it is skipped with a note and the steps
-are listed again, so the newest readable one is used. orbax's own logging and
+are listed again, so the newest readable one is used. Nor is a read that a
+Ctrl-C stopped: it raises KeyboardInterrupt. orbax's own logging and
 Python warnings stay off the terminal during reads (quiet.py); their full text
 goes to `log_file` if one is given (`train` gives `<workdir>/checkpoints.log`;
 the read-only paths give none, so they write nothing into the run).
@@ -109,6 +110,18 @@ def _log_failure(log_file: Path | None, message: str, exc: BaseException) -> Non
       f.writelines(traceback.format_exception(type(exc), exc, exc.__traceback__))
   except OSError:
     pass
+
+
+def _wraps_interrupt(exc: BaseException | None) -> bool:
+  """Whether a KeyboardInterrupt is in `exc`'s chain of causes: orbax turns whatever
+  stops a shard read, Ctrl-C included, into `Exception(...) from e`."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    if isinstance(exc, KeyboardInterrupt):
+      return True
+    seen.add(id(exc))
+    exc = exc.__cause__ or exc.__context__
+  return False
 
 
 def _snapshot(x):
@@ -279,6 +292,8 @@ class Checkpointer:
       try:
         restored = self._manager.restore(step, args=args)
       except Exception as e:  # orbax/tensorstore raise many types; all mean unreadable
+        if _wraps_interrupt(e):   # Ctrl-C inside the read, not a bad checkpoint
+          raise KeyboardInterrupt from e
         if self._vanished(step):
           error = self._vanished_error(step)
         else:

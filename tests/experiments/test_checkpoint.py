@@ -291,3 +291,27 @@ def test_restore_writes_failure_details_only_to_a_named_file(smoke_run_copy, tmp
   assert "step 2" in details.read_text() and "Traceback" in details.read_text()
   assert not (workdir / "checkpoints.log").exists()
   gc.collect()
+
+
+# --- Ctrl-C inside a read ------------------------------------------------------------------
+
+
+def test_ctrl_c_inside_a_shard_read_is_an_interrupt_not_a_corrupt_step(tmp_path, monkeypatch):
+  """orbax wraps whatever stops a shard read in `Exception(...) from e`; a Ctrl-C landing
+  there must reach the caller as KeyboardInterrupt (the CLI's 130), not as a corrupt
+  step (its exit 2) or a fall-back to an older one."""
+  from orbax.checkpoint._src.serialization import serialization
+
+  with Checkpointer(tmp_path, async_save=False, max_to_keep=None) as ckpt:
+    for step in (2, 4):
+      ckpt.save(step, params={"w": jnp.arange(6, dtype=jnp.float32)})
+
+  async def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(serialization, "_read_shard", interrupted)
+  abstract = {"w": jax.ShapeDtypeStruct((6,), jnp.float32)}
+  with Checkpointer(tmp_path, create=False, async_save=False) as ckpt:
+    with pytest.raises(KeyboardInterrupt):
+      ckpt.restore_latest_valid(abstract_params=abstract)
+  assert not list(tmp_path.glob("*.corrupt*"))
