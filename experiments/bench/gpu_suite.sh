@@ -18,7 +18,10 @@
 #   PY           the Python to use (default python3).
 #   SKIP_WHEELS  1: do not install the wheels of .whl/ (flax, ml_collections) into
 #                /tmp/site; the GPU machine's Python lacks ml_collections and may
-#                hold another flax.
+#                hold another flax. .whl/ is git-ignored: fetch the wheels where a
+#                package index is reachable and copy the folder with the tree:
+#                  pip download -q --no-deps --python-version 3.12 --only-binary=:all: \
+#                    -d .whl flax==0.12.12 ml_collections==1.1.0
 #   SMOKE        1: tiny benchmark shapes (CPU dry run, under 3 minutes on 2 cores).
 #   BUDGET_S     wall-clock budget of the whole suite (default 470: one call of under 9
 #                minutes with the machine's start; the step limits below sum to more, so
