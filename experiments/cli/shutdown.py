@@ -23,8 +23,9 @@ caller's again.
     coroutines when they are collected, go to `log_file`, or nowhere. The filter is in
     place for the whole command, not installed after a failure: the reports
     can start while the failing read is still unwinding.
-    Coroutines of the interrupted read still suspended are closed before the
-    filter ends, so their close errors do not print at the interpreter's exit.
+    After a Ctrl-C, what the interrupted read left in asyncio (suspended
+    coroutines, tasks with unretrieved errors) is settled before the filter
+    ends, so nothing of it prints at the interpreter's exit.
   - A failed save needs nothing here: `Checkpointer.close()` ends its threads.
 """
 
@@ -240,24 +241,35 @@ def run_interruptible(command, *args, **kwargs) -> int:
     gc.collect()
     settle_device_work()
     _let_abandoned_reads_report()
-    _close_abandoned_reads()
+    _settle_abandoned_async_work()
   print("interrupted", file=sys.stderr)
   return INTERRUPTED
 
 
-def _close_abandoned_reads() -> None:
-  """Closes the coroutines of interrupted orbax reads still suspended, here, inside the
-  filter. Something (orbax's event loop, a pending task) can hold them to the
-  interpreter's exit, where each one's close reported "Exception ignored in:
-  <coroutine ...>" with a traceback: orbax turns whatever stops a shard read, the
-  GeneratorExit of a close included, into `Exception(...) from e`."""
+def _settle_abandoned_async_work() -> None:
+  """What the interrupted command left in asyncio, settled here, inside the filter.
+  Held to the interpreter's exit (by orbax's event loop, a task, a traceback), each
+  piece reported when collected there, past the filter, with a traceback after
+  "interrupted":
+    - a suspended coroutine of an orbax read: its close raised ("Exception ignored
+      in: <coroutine ...>"; orbax turns the GeneratorExit into `Exception(...) from e`);
+    - a task or future done with an exception nobody retrieved, the KeyboardInterrupt
+      itself when it landed inside a task ("Task exception was never retrieved");
+    - a task still pending ("Task was destroyed but it is pending!").
+  """
   for obj in gc.get_objects():
-    if (inspect.iscoroutine(obj) and _abandoned_orbax_read(obj) and obj.cr_frame is not None
-        and not obj.cr_running):
-      try:
-        obj.close()
-      except Exception:  # noqa: BLE001 - the read's own error, the one being silenced
-        pass
+    if inspect.iscoroutine(obj):
+      if _abandoned_orbax_read(obj) and obj.cr_frame is not None and not obj.cr_running:
+        try:
+          obj.close()
+        except Exception:  # noqa: BLE001 - the read's own error, the one being silenced
+          pass
+    elif isinstance(obj, asyncio.Future):
+      if not obj.done():
+        if isinstance(obj, asyncio.Task):
+          obj._log_destroy_pending = False
+      elif not obj.cancelled():
+        obj.exception()   # marks it retrieved
 
 
 def _let_abandoned_reads_report(quiet_s: float = 0.5, limit_s: float = 3.0) -> None:

@@ -410,6 +410,35 @@ sys.exit(status)
   assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr
 
 
+def test_ctrl_c_inside_a_task_leaves_no_unretrieved_error_to_report_at_exit(tmp_path):
+  """Ctrl-C landing inside an asyncio task (orbax's reads run as tasks) leaves the task
+  done with the KeyboardInterrupt as its exception; collected at the interpreter's exit
+  it logged "Task exception was never retrieved" with a traceback after "interrupted".
+  Its exception is retrieved inside the filter."""
+  code = """
+import asyncio, sys
+from experiments.cli.shutdown import cli_noise_filter, run_interruptible
+held = []
+
+async def read():
+  await asyncio.sleep(0)
+  raise KeyboardInterrupt   # what SIGINT does when it lands in the awaited code
+
+def command():
+  loop = asyncio.new_event_loop()
+  held.append(loop.create_task(read()))   # held to the interpreter's exit
+  loop.run_until_complete(held[0])
+
+with cli_noise_filter():
+  status = run_interruptible(command)
+sys.exit(status)
+"""
+  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
+  assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr
+
+
 # --- 4. the workdir lock -----------------------------------------------------------------
 
 
