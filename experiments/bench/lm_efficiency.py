@@ -37,7 +37,7 @@ stacked weights (`DecoderLM(scan=True)`), so a program holds five block bodies
 (3 dense scans, 2 memory blocks) instead of 28 blocks. The scanned decode step
 is not the model's, though: its compiled loop copied the whole carried K/V stacks
 at every layer, 1.8x the unrolled time per token on an H200, and still copies each
-layer's K/V slice and weights out of the stacks (`experiments/models/lm.py`; 1.6x
+layer's K/V slice and weights out of the stacks (`experiments/models/lm.py`; 1.3-1.6x
 on CPU, from 2.4x: `experiments.bench.scan_decode`), so the GPU suite times
 Table 12 with `--impl loop`, the same `DecoderLM` unrolled (28 blocks: slower to
 compile); `--loop-check ROWS`

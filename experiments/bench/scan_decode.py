@@ -20,13 +20,14 @@ scanned decode's extra time goes.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.bench.measure import time_program
 from experiments.bench.scan_lm import PureLM, build_lm
 from experiments.models.config import LMConfig
 
@@ -40,21 +41,19 @@ def bench_config(layers: int, width: int, cache: int, dtype: str) -> LMConfig:
 
 
 def time_decode(lm: PureLM, prompt_BxT, *, cache_len: int, new_tokens: int, repeats: int):
-  """(best seconds per token, greedy tokens [B, N], first step's logits [B, V]) after
-  one warm-up call."""
+  """(best seconds per token, greedy tokens [B, N], first step's logits [B, V]): the
+  warm-up call's outputs, then `repeats` timed calls, each on a fresh prefilled cache."""
   prefill = jax.jit(lm.prefill, static_argnums=2)
-  decode = jax.jit(lm.decode, static_argnums=3, donate_argnums=1)
-  best = float("inf")
-  for call in range(repeats + 1):
+
+  def fresh():
     logits_BxV, cache = prefill(lm.params, prompt_BxT, cache_len)
-    token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)   # greedy, as generate
-    jax.block_until_ready((token_B, cache))
-    start = time.perf_counter()
-    tokens_BxN, logits_NxBxV, _ = jax.block_until_ready(decode(lm.params, cache, token_B,
-                                                               new_tokens))
-    if call:
-      best = min(best, (time.perf_counter() - start) / new_tokens)
-  return best, np.asarray(tokens_BxN), np.asarray(logits_NxBxV[0], np.float32)
+    return lm.params, cache, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)  # as generate
+
+  r = time_program(functools.partial(lm.decode, steps=new_tokens), fresh(), repeats,
+                   donate=(1,), fresh=fresh)
+  tokens_BxN, logits_NxBxV, _ = r["output"]
+  return (r["best_ms"] / 1e3 / new_tokens, np.asarray(tokens_BxN),
+          np.asarray(logits_NxBxV[0], np.float32))
 
 
 def run(a) -> dict:

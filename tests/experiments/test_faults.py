@@ -372,6 +372,23 @@ print(status, done)
     assert done.stderr == "interrupted\n", (case, done.stderr)
 
 
+def _assert_command_interrupted_quietly(code: str, tmp_path: Path) -> None:
+  """Runs `code`, which defines `command()`, as the CLI runs a command: 130 and the one
+  line "interrupted" on stderr, nothing printed after it at the interpreter's exit."""
+  script = code + """
+import sys
+from experiments.cli.shutdown import cli_noise_filter, run_interruptible
+
+with cli_noise_filter():
+  status = run_interruptible(command)
+sys.exit(status)
+"""
+  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
+  assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr
+
+
 def test_ctrl_c_during_a_read_leaves_no_coroutine_to_report_at_exit(tmp_path):
   """A read in flight when Ctrl-C lands leaves orbax's coroutine suspended, held (by
   its event loop) to the interpreter's exit, where closing it printed "Exception
@@ -388,9 +405,6 @@ def test_ctrl_c_during_a_read_leaves_no_coroutine_to_report_at_exit(tmp_path):
       "  except BaseException as e:\n"
       "    raise Exception('Encountered error while reading array index') from e\n")
   code = f"""
-import sys
-from experiments.cli.shutdown import cli_noise_filter, run_interruptible
-
 ns, held = {{}}, []
 exec(compile({read!r}, "/site-packages/orbax/checkpoint/serialization.py", "exec"), ns)
 
@@ -399,15 +413,8 @@ def command():
   coro.send(None)     # suspended inside its await: a read in flight
   held.append(coro)   # held to the interpreter's exit
   raise KeyboardInterrupt
-
-with cli_noise_filter():
-  status = run_interruptible(command)
-sys.exit(status)
 """
-  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                        text=True, timeout=120,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
-  assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr
+  _assert_command_interrupted_quietly(code, tmp_path)
 
 
 def test_ctrl_c_inside_a_task_leaves_no_unretrieved_error_to_report_at_exit(tmp_path):
@@ -416,8 +423,7 @@ def test_ctrl_c_inside_a_task_leaves_no_unretrieved_error_to_report_at_exit(tmp_
   it logged "Task exception was never retrieved" with a traceback after "interrupted".
   Its exception is retrieved inside the filter."""
   code = """
-import asyncio, sys
-from experiments.cli.shutdown import cli_noise_filter, run_interruptible
+import asyncio
 held = []
 
 async def read():
@@ -428,15 +434,8 @@ def command():
   loop = asyncio.new_event_loop()
   held.append(loop.create_task(read()))   # held to the interpreter's exit
   loop.run_until_complete(held[0])
-
-with cli_noise_filter():
-  status = run_interruptible(command)
-sys.exit(status)
 """
-  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                        text=True, timeout=120,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
-  assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr
+  _assert_command_interrupted_quietly(code, tmp_path)
 
 
 # --- 4. the workdir lock -----------------------------------------------------------------
