@@ -147,14 +147,17 @@ def analyze_command(workdir, kind: str, *, which=None, step: int | None = None, 
 
 
 def plan_command(config, mesh: str | None = None, *, accelerator: str = "h100",
-                 mfu: float = 0.4, argv: list[str] | None = None) -> int:
+                 mfu: float = 0.4, target: str | None = None, dump_hlo: str | None = None,
+                 accelerator_given: bool = False, argv: list[str] | None = None) -> int:
   """Prints the plan of `config` on `mesh` (`data=8`; None: one device): memory, FLOPs,
-  collective bytes and step time per device, from the compiled step (experiments/plan)."""
+  collective bytes and step time per device, from the compiled step (experiments/plan);
+  `target`: a TPU topology to compile for with the TPU compiler."""
   from experiments.plan.command import plan_command as plan
   from experiments.tasks.checks import check_experiment_config
   check_experiment_config(config)
   name = next((a.split("=", 1)[1] for a in argv or () if a.startswith("--config=")), "")
-  return plan(config, mesh, accelerator=accelerator, mfu=mfu, name=name, argv=argv)
+  return plan(config, mesh, accelerator=accelerator, mfu=mfu, target=target,
+              dump_hlo=dump_hlo, accelerator_given=accelerator_given, name=name, argv=argv)
 
 
 def configs_command() -> int:

@@ -17,8 +17,12 @@ g_n = ∂L/∂m^(n) [B, T, R, Dm]; from it XLA forms the table cotangent
 `ngram_lookup`'s own custom_vjp uses, so the surrogate path is unchanged.
 
 This file is the Lngram glue (rows from codes, the custom_vjp, the surrogate);
-the kernel knows only row ids, tables, a norm scale and queries. GPU (Triton)
-and CPU (interpret mode) only: there is no Mosaic (TPU) version of the gather.
+the kernel knows only row ids, tables, a norm scale and queries. The kernel is
+Triton (compiled on GPU, interpreted on CPU); there is no Mosaic version of the
+gather, so a program lowered for TPU runs the unfused pieces with the Mosaic
+sink-readout kernel (`pallas_readout`) instead: the choice is made per lowering
+platform (`jax.lax.platform_dependent`), so a CPU host compiling for a TPU
+topology gets the TPU form.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class FusedSpec:
 
   config: the layer's config (orders, bits, surrogate, dtype, eps, heads).
   block_sizes: kernel tiles; None = `BlockSizes.get_default("triton", Dr)`.
-  interpret: run the kernels in interpret mode; None = only on CPU.
+  interpret: run the kernels in interpret mode; None = everywhere but on a GPU (chosen
+    per lowering platform by `fused_readout`).
   surrogate_impl: the lookup backward's `surrogate_impl` (DESIGN.md §2.7); None = the
     module default when the backward is traced. `fused_read` fixes it when the forward
     is traced: the backward may be traced outside a `use_surrogate_impl` context.
@@ -70,6 +75,8 @@ class FusedSpec:
 
   @property
   def run_interpreted(self) -> bool:
+    """Interpret mode as given; unresolved (None), as an eager call on this process's
+    backend would run (`fused_readout` resolves it per lowering platform)."""
     return jax.default_backend() == "cpu" if self.interpret is None else bool(self.interpret)
 
   def kernel_options(self) -> dict:
@@ -112,25 +119,51 @@ def fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: Fused
     if table.shape != (R * 2 ** (c.bits * n), c.mem_dim):
       raise ValueError(f"fused_readout: table of order {n} has shape {table.shape}; need "
                        f"(R*C^n, Dm) = ({R * 2 ** (c.bits * n)}, {c.mem_dim}).")
-  if jax.default_backend() == "tpu":
-    raise NotImplementedError(
-        "fused_readout has a Triton (GPU) kernel only; on TPU use readout='pallas'.")
   if spec.blocks.layout != "per_token":
     # The fused kernel walks its tokens one by one; a token-block tile would be ignored.
     raise ValueError(f"fused_readout: block_sizes.layout={spec.blocks.layout!r}; the fused "
                      "kernel has the 'per_token' layout only (readout='pallas' takes both).")
   check_triton_blocks(spec.blocks.block_n, spec.blocks.block_r)
   check_triton_blocks(spec.blocks.bwd_n, spec.blocks.bwd_r)
-  sink_logit = c.sink_logit if sink_logit is None else sink_logit
+  sink_logit = jnp.asarray(c.sink_logit if sink_logit is None else sink_logit, jnp.float32)
 
+  def fused(native: bool):
+    interpret = (not native) if spec.interpret is None else spec.interpret
+    resolved = dataclasses.replace(spec, interpret=interpret)
+
+    def run(q_BxTxHqxDh, logits_BxTxRxM, p, sink_logit):
+      return _fused(q_BxTxHqxDh, logits_BxTxRxM, p, resolved, sink_logit=sink_logit,
+                    segment_ids=segment_ids, valid=valid)
+    return run
+
+  def unfused_tpu(q_BxTxHqxDh, logits_BxTxRxM, p, sink_logit):
+    from lngram_jax.pallas import pallas_readout  # the Mosaic kernel under a TPU lowering
+    # The lookup's backward takes the module's surrogate_impl, as the fused one does.
+    lookup = core.plain_lookup(c, segment_ids=segment_ids, valid=valid)
+    return core.read_memory(p, c, q_BxTxHqxDh, logits_BxTxRxM, lookup=lookup,
+                            readout=functools.partial(pallas_readout, return_lse=True),
+                            sink_logit=sink_logit)
+
+  on_gpu = fused(True)   # one branch object: platform_dependent joins cuda and rocm
+  return jax.lax.platform_dependent(q_BxTxHqxDh, logits_BxTxRxM, p, sink_logit,
+                                    tpu=unfused_tpu, cuda=on_gpu, rocm=on_gpu,
+                                    default=fused(False))
+
+
+def _fused(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: FusedSpec, *,
+           sink_logit, segment_ids, valid):
+  """The fused kernel's (o, lse) (`fused_readout`'s non-TPU branch)."""
+  c = spec.config
+  B, T, R, M = logits_BxTxRxM.shape
+  tables = tuple(p.tables)
   codes_BxTxR = codes_from_logits(logits_BxTxRxM)
   rows, valids = zip(*[ngram_rows(codes_BxTxR, order=n, bits=c.bits, segment_ids=segment_ids,
                                   valid=valid) for n in c.orders], strict=True)
   w_k, w_v = core.kv_weights(p, c)
   q_abs_BxTxHqxDr = absorb_query(q_BxTxHqxDh, w_k).astype(c.dtype)
   u_BxTxHqxDr, lse_BxTxHq = _fused_core(
-      spec, q_abs_BxTxHqxDr, tables, logits_BxTxRxM, p.mem_norm,
-      jnp.asarray(sink_logit, jnp.float32), codes_BxTxR, tuple(rows), tuple(valids))
+      spec, q_abs_BxTxHqxDr, tables, logits_BxTxRxM, p.mem_norm, sink_logit, codes_BxTxR,
+      tuple(rows), tuple(valids))
   o_BxTxHqxDh = project_values(u_BxTxHqxDr, w_v).astype(q_BxTxHqxDh.dtype)
   return o_BxTxHqxDh, lse_BxTxHq
 
@@ -184,7 +217,8 @@ def _fused_core_bwd(spec, residuals, cotangents):
     if resolve_surrogate_impl(impl, c.surrogate) == "triton":  # both in one kernel
       d_table, d_z = onebit_cotangents(
           table, logits, rows_BxTxR, dx.reshape(*rows_BxTxR.shape, -1), order=n, bits=c.bits,
-          tau=c.surrogate_tau, scale=c.surrogate_scale, valid_BxT=valid_BxT)
+          tau=c.surrogate_tau, scale=c.surrogate_scale, valid_BxT=valid_BxT,
+          interpret=spec.interpret)
       d_tables.append(d_table)
       d_logits += d_z
       continue

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from lngram_jax import checks
 from lngram_jax.addressing import codes_from_logits, ngram_rows, shift_left, shift_right
 from lngram_jax.config import SURROGATES
-from lngram_jax.surrogate_blocks import surrogate_logit_grad_blocks
+from lngram_jax.surrogate_blocks import surrogate_logit_grad_blocks, table_cotangent
 from lngram_jax.surrogate_pallas import onebit_cotangents
 
 SURROGATE_IMPLS = ("auto", "gather", "blocks", "triton")
@@ -188,15 +188,6 @@ def _lookup_bwd(order, bits, surrogate, tau, scale, impl, residuals, g_BxTxRxDm)
 
 
 _lookup.defvjp(_lookup_fwd, _lookup_bwd)
-
-
-def table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm):
-  """Scatter-add of g onto the rows that were read (accumulated in >= f32)."""
-  Dm = table_ExDm.shape[1]
-  acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
-  d_table = jnp.zeros(table_ExDm.shape, acc).at[rows_BxTxR.reshape(-1)].add(
-      g_BxTxRxDm.reshape(-1, Dm).astype(acc), mode="promise_in_bounds")
-  return d_table.astype(table_ExDm.dtype)
 
 
 def _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm):

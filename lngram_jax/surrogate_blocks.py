@@ -14,7 +14,15 @@ and contracts them with its cotangent g at once (`block_scores`). Windows go in
 chunks (`lax.map`) sized so the gathered rows stay in cache until the dot reads
 them: on CPU the cost is the memory traffic of the gathered rows, and writing a
 [B, T, R, rows per window, Dm] block and reading it back costs more than the
-gather form saves. The surrogate maths then runs on all windows' scores
+gather form saves. Both the chunks and their layout are the lowering platform's
+(`jax.lax.platform_dependent`). On CPU: ~2 MiB of rows, contiguous runs of windows
+(cache). Elsewhere: 256 MiB, which only bounds memory, and a chunk takes every n-th
+window (n the number of chunks): with the batch split over devices and left to XLA
+(no shard_map) each device then works on its own windows in every chunk, where a
+contiguous run sits on one device and XLA gathers the whole [windows, cand] array
+onto every device for every chunk (the TPU compiler's plan of the Lngram v1 MoE
+recipe on data=4 moved 58 TiB per step that way). On one CPU the strided layout's
+transposes cost 1.35x the contiguous chunks' time (a block of 4,096 windows). The surrogate maths then runs on all windows' scores
 together. The slot digits come from the row itself, so an invalid window (its
 route's first row, g = 0) reads inside the table and adds exactly zero.
 
@@ -42,7 +50,7 @@ _CHUNK_BYTES_DEFAULT = 256 << 20
 def chunk_windows(windows: int, rows_per_window: int, row_bytes: int,
                   budget: int | None = None) -> int:
   """Windows per chunk: a power of two whose candidate rows fit `budget` bytes."""
-  if budget is None:
+  if budget is None:   # eager calls: this process's backend (traced: the caller chooses)
     budget = _CHUNK_BYTES.get(jax.default_backend(), _CHUNK_BYTES_DEFAULT)
   count = max(1, budget // max(1, rows_per_window * row_bytes))
   count = 1 << (count.bit_length() - 1)
@@ -124,25 +132,38 @@ def onebit_from_scores(scores_BTRxcand, rows_BTR, z_BTRxnxM, *, bits, tau):
   return tau * p_BTRxnxM * (1 - p_BTRxnxM) * s_BTRxnxM
 
 
-def block_scores(table_ExDm, read_BTRxcand, g_BTRxDm, chunk: int):
+def _map_chunks(one, xs, chunk: int, strided: bool):
+  """`lax.map` of `one` over chunks of `chunk` windows: contiguous runs, or with
+  `strided` chunk j holding windows j, j + n, j + 2n, ... (n chunks; module
+  docstring). Returns [windows, ...] in window order."""
+  n = xs[0].shape[0] // chunk
+  if not strided:
+    out = jax.lax.map(one, tuple(x.reshape(n, chunk, *x.shape[1:]) for x in xs))
+    return out.reshape(n * chunk, *out.shape[2:])
+  spread = tuple(jnp.swapaxes(x.reshape(chunk, n, *x.shape[1:]), 0, 1) for x in xs)
+  out_nxchunk = jax.lax.map(one, spread)
+  return jnp.swapaxes(out_nxchunk, 0, 1).reshape(chunk * n, *out_nxchunk.shape[2:])
+
+
+def block_scores(table_ExDm, read_BTRxcand, g_BTRxDm, chunk: int, strided: bool = False):
   """⟨g_i, E[read_ik]⟩: [BTR, cand] in g's dtype, BTR a multiple of `chunk`.
 
-  Chunks of windows run one after another (`lax.map`); each reads all `cand` rows of
-  its windows in one gather and contracts them with g while they are in cache.
+  Chunks of windows run one after another (`lax.map`; `strided`: every n-th window a
+  chunk); each reads all `cand` rows of its windows in one gather and contracts them
+  with g while they are in cache.
   """
   windows, cand = read_BTRxcand.shape
-  Dm = g_BTRxDm.shape[-1]
 
   def one(args):
     read_chunkxcand, g_chunkxDm = args
     rows_chunkxcandxDm = jnp.take(table_ExDm, read_chunkxcand, axis=0, mode="clip")
     return jnp.einsum("ikd,id->ik", rows_chunkxcandxDm.astype(g_chunkxDm.dtype), g_chunkxDm)
 
-  xs = (read_BTRxcand.reshape(-1, chunk, cand), g_BTRxDm.reshape(-1, chunk, Dm))
-  return jax.lax.map(one, xs).reshape(windows, cand)
+  return _map_chunks(one, (read_BTRxcand, g_BTRxDm), chunk, strided).reshape(windows, cand)
 
 
-def slot_block_scores(table_ExDm, rows_BTR, g_BTRxDm, *, slot: int, bits: int, chunk: int):
+def slot_block_scores(table_ExDm, rows_BTR, g_BTRxDm, *, slot: int, bits: int, chunk: int,
+                      strided: bool = False):
   """⟨g_i, E[base_u + c·C^u]⟩ for the C candidates c of slot u: [BTR, C], BTR a multiple
   of `chunk`.
 
@@ -167,14 +188,33 @@ def slot_block_scores(table_ExDm, rows_BTR, g_BTRxDm, *, slot: int, bits: int, c
                                      slice_sizes=(1, C, 1, Dm), mode="clip")
     return jnp.einsum("icd,id->ic", cand_chunkxCxDm.astype(g_chunkxDm.dtype), g_chunkxDm)
 
-  xs = (rows_BTR.reshape(-1, chunk), g_BTRxDm.reshape(-1, chunk, Dm))
-  return jax.lax.map(one, xs).reshape(-1, C)
+  return _map_chunks(one, (rows_BTR, g_BTRxDm), chunk, strided).reshape(-1, C)
 
 
 def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, *,
                                 order: int, bits: int, surrogate: str, tau: float,
                                 scale: float, chunk_bytes: int | None = None,
                                 hard_scores_BxTxR=None):
+  """`_surrogate_logit_grad_blocks` with the chunk budget of the lowering platform when
+  `chunk_bytes` is None (module docstring)."""
+  options = dict(order=order, bits=bits, surrogate=surrogate, tau=tau, scale=scale)
+  if chunk_bytes is not None:
+    return _surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm,
+                                        hard_scores_BxTxR, chunk_bytes=chunk_bytes,
+                                        strided=False, **options)
+
+  def chunked(budget, strided):
+    return lambda *args: _surrogate_logit_grad_blocks(*args, chunk_bytes=budget,
+                                                      strided=strided, **options)
+
+  return jax.lax.platform_dependent(
+      table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, hard_scores_BxTxR,
+      cpu=chunked(_CHUNK_BYTES["cpu"], False), default=chunked(_CHUNK_BYTES_DEFAULT, True))
+
+
+def _surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm,
+                                 hard_scores_BxTxR, *, order: int, bits: int, surrogate: str,
+                                 tau: float, scale: float, chunk_bytes: int, strided: bool):
   """`lookup.surrogate_logit_grad` for "exact" and "onebit", rows read in blocks.
 
   Every window (b, t, r) reads all its candidate rows, over all slots, in one
@@ -200,8 +240,8 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
     rows_pad, g_pad = jnp.pad(rows_BTR, (0, pad)), jnp.pad(g_BxTxRxDm.reshape(-1, Dm),
                                                             ((0, pad), (0, 0)))
     scores_BTRxcand = jnp.concatenate(
-        [slot_block_scores(table_ExDm, rows_pad, g_pad, slot=u, bits=bits, chunk=chunk)
-         for u in range(n)], axis=1)[:windows]
+        [slot_block_scores(table_ExDm, rows_pad, g_pad, slot=u, bits=bits, chunk=chunk,
+                           strided=strided) for u in range(n)], axis=1)[:windows]
   else:
     given = hard_scores_BxTxR is not None
     read_BTRxcand = _onebit_rows(rows_BTR, n, bits, with_hard=not given)
@@ -210,7 +250,7 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
     # Padding windows read row 0 against g = 0 and are dropped.
     scores_BTRxcand = block_scores(
         table_ExDm, jnp.pad(read_BTRxcand, ((0, pad), (0, 0))),
-        jnp.pad(g_BxTxRxDm.reshape(-1, Dm), ((0, pad), (0, 0))), chunk)[:windows]
+        jnp.pad(g_BxTxRxDm.reshape(-1, Dm), ((0, pad), (0, 0))), chunk, strided)[:windows]
     if given:
       scores_BTRxcand = jnp.concatenate(
           [hard_scores_BxTxR.reshape(-1, 1).astype(scores_BTRxcand.dtype), scores_BTRxcand],
@@ -230,3 +270,12 @@ def surrogate_logit_grad_blocks(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRx
     # The window ending at t wrote slot u's gradient for position t - (n-1-u).
     d_z += shift_left(contrib_BxTxRxnxM[:, :, :, u], n - 1 - u)
   return scale * d_z
+
+
+def table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm):
+  """Scatter-add of g onto the rows that were read (accumulated in >= f32)."""
+  Dm = table_ExDm.shape[1]
+  acc = jnp.promote_types(table_ExDm.dtype, jnp.float32)
+  d_table = jnp.zeros(table_ExDm.shape, acc).at[rows_BxTxR.reshape(-1)].add(
+      g_BxTxRxDm.reshape(-1, Dm).astype(acc), mode="promise_in_bounds")
+  return d_table.astype(table_ExDm.dtype)

@@ -20,7 +20,11 @@ window's slots into the positions they cover run in XLA exactly as in `blocks`
 (`surrogate_blocks.onebit_from_scores`). Invalid windows pass row id -1 and
 read and add nothing (the XLA paths read inside the table against g = 0).
 
-GPU (Triton) and CPU (interpret mode) only: there is no Mosaic (TPU) kernel.
+The kernel is Triton: compiled in a program lowered for a GPU, interpreted on
+CPU. There is no Mosaic version: a program lowered for TPU computes the same
+cotangents with the XLA `blocks` path (`surrogate_logit_grad_blocks` and the
+lookup's scatter-add). The choice is made per lowering platform
+(`jax.lax.platform_dependent`), not by the process that traces the program.
 
 Shapes (DESIGN.md §1): BTR the windows flattened over (b, t, r); n the slots of
 an order-n window.
@@ -35,7 +39,11 @@ import jax.numpy as jnp
 
 from kernels.flip_scores import acc_dtype
 from lngram_jax.addressing import shift_left, shift_right
-from lngram_jax.surrogate_blocks import onebit_from_scores
+from lngram_jax.surrogate_blocks import (
+    onebit_from_scores,
+    surrogate_logit_grad_blocks,
+    table_cotangent,
+)
 
 
 def onebit_cotangents(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, *, order: int,
@@ -54,25 +62,52 @@ def onebit_cotangents(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, *, ord
       g = 0, and read inside the table: they add exactly zero).
     with_table_grad: also return the table gradient (the scatter-add of g onto
       the rows read, float32 or wider, cast to the table's dtype).
-    interpret: run the kernel in interpret mode; None = only on CPU.
+    interpret: run the kernel in interpret mode; None = everywhere but on a GPU.
 
   Returns:
     d_table in the table's dtype (None without `with_table_grad`) and d_logits
     in the accumulation dtype.
   """
-  if jax.default_backend() == "tpu":
-    raise NotImplementedError(
-        "surrogate_impl='triton' has a GPU (Triton) kernel only; on TPU use 'blocks'.")
+  options = dict(order=order, bits=bits, tau=tau, scale=scale,
+                 with_table_grad=with_table_grad)
+
+  def kernel_branch(native: bool):
+    run_interpreted = (not native) if interpret is None else bool(interpret)
+    return lambda *arrays: _kernel_cotangents(*arrays, interpret=run_interpreted, **options)
+
+  def xla_branch(*arrays):
+    return _xla_cotangents(*arrays, **options)
+
+  if valid_BxT is None:
+    valid_BxT = jnp.ones(rows_BxTxR.shape[:2], bool)
+  on_gpu = kernel_branch(True)   # one branch object: platform_dependent joins cuda and rocm
+  return jax.lax.platform_dependent(
+      table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, valid_BxT,
+      cuda=on_gpu, rocm=on_gpu, tpu=xla_branch, default=kernel_branch(False))
+
+
+def _xla_cotangents(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, valid_BxT, *,
+                    order, bits, tau, scale, with_table_grad):
+  """`onebit_cotangents` without the kernel: the lookup's `blocks` backward."""
+  acc = acc_dtype(table_ExDm.dtype, g_BxTxRxDm.dtype)
+  g_BxTxRxDm = jnp.where(valid_BxT[:, :, None, None], g_BxTxRxDm.astype(acc), 0)
+  d_table = table_cotangent(table_ExDm, rows_BxTxR, g_BxTxRxDm) if with_table_grad else None
+  d_logits = surrogate_logit_grad_blocks(
+      table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, order=order, bits=bits,
+      surrogate="onebit", tau=tau, scale=scale)
+  return d_table, d_logits
+
+
+def _kernel_cotangents(table_ExDm, logits_BxTxRxM, rows_BxTxR, g_BxTxRxDm, valid_BxT, *,
+                       order, bits, tau, scale, with_table_grad, interpret):
+  """`onebit_cotangents` by the flip-scores kernel."""
   kernel = importlib.import_module("kernels.flip_scores.triton_gpu")  # Pallas on first use
   acc = acc_dtype(table_ExDm.dtype, g_BxTxRxDm.dtype)
   z_BxTxRxM = logits_BxTxRxM.astype(acc)
   B, T, R, M = z_BxTxRxM.shape
   n, Dm = order, table_ExDm.shape[1]
   rows_BTR = rows_BxTxR.reshape(-1)
-  ids_BTR = rows_BTR if valid_BxT is None else jnp.where(
-      valid_BxT[:, :, None], rows_BxTxR, -1).reshape(-1)
-  if interpret is None:
-    interpret = jax.default_backend() == "cpu"
+  ids_BTR = jnp.where(valid_BxT[:, :, None], rows_BxTxR, -1).reshape(-1)
   # Bit u·M + j of a row id is bit j of slot u: the order of `_onebit_rows`.
   scores_BTRxcand, d_table = kernel.flip_scores(
       table_ExDm, ids_BTR, g_BxTxRxDm.reshape(-1, Dm), flips=tuple(range(n * bits)),

@@ -43,7 +43,10 @@ def test_the_test_command_installs_the_plugins_its_flags_need():
     dev = " ".join(_pyproject()["project"]["optional-dependencies"]["dev"])
     if re.search(r"\s-n\s*\d", line):
         assert "pytest-xdist" in dev
-    assert "pip install -e '.[dev]'" in line
+    assert "pip install -e '.[dev,tpu]'" in line
+    # The TPU compiler, so that the TPU-target plan tests run in CI rather than skip.
+    tpu = " ".join(_pyproject()["project"]["optional-dependencies"]["tpu"])
+    assert "jax[tpu]" in tpu
 
 
 def _pyproject():

@@ -54,7 +54,7 @@ FLAGS_OF = {
                "greedy", "seed", "cache"},
     "analyze": {"workdir", "which", "step"},
     "configs": set(),
-    "plan": {"config", "mesh", "accelerator", "mfu"},
+    "plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo"},
 }
 FLAGS_OF |= data_commands.FLAGS_OF | hf_commands.FLAGS_OF
 ANALYZE_FLAGS_OF = {"lm": {"max_positions", "seed", "n_perm", "stability_steps", "dedup",
@@ -99,8 +99,13 @@ def define_flags(argv: list[str]) -> flags.FlagValues:
       ("integer", "num_processes", None, 1, "train on several hosts: the process count."),
       ("integer", "process_id", None, 0, "train on several hosts: this process's index."),
       ("string", "mesh", None, None, "eval/sample/plan: a device mesh, e.g. data=2,table=4."),
-      ("string", "accelerator", "h100", None, "plan: h100, h200, h800, tpu_v5p or tpu_v6e "
-       "(the step time's peak FLOP/s and links)."),
+      ("string", "accelerator", "h100", None, "plan: h100, h200, h800, tpu_v4, tpu_v5e, "
+       "tpu_v5p or tpu_v6e (the step time's peak FLOP/s and links); --target sets it."),
+      ("string", "target", None, None, "plan: compile with the TPU compiler for this "
+       "topology, e.g. v5e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2 (needs pip install -e "
+       "'.[tpu]'; the mesh must have its device count)."),
+      ("string", "dump_hlo", None, None, "plan: write the compiled program's text to this "
+       "file."),
       ("float", "mfu", 0.4, None, "plan: the share of peak FLOP/s the step time assumes."),
       ("bool", "debug", False, None, "Show the full traceback of an error."),
       *data_commands.FLAGS, *hf_commands.FLAGS]:
@@ -137,7 +142,8 @@ def _command(argv: list[str], fv: flags.FlagValues) -> int:
     if f.config is None:
       raise UsageError("lngram-exp plan needs --config=<file.py[:arg]>.")
     return commands.plan_command(f.config, f.mesh, accelerator=f.accelerator, mfu=f.mfu,
-                                 argv=argv)
+                                 target=f.target, dump_hlo=f.dump_hlo,
+                                 accelerator_given=f["accelerator"].present, argv=argv)
   if not f.workdir:
     raise UsageError(f"lngram-exp {command} needs --workdir.")
   if command == "train":
@@ -182,6 +188,8 @@ def run_main(argv: list[str] | None = None) -> int:
     print(usage(fv if len(argv) > 1 else None))
     return 0 if len(argv) > 1 else 2
   debug = any(a in ("--debug", "--debug=true", "--debug=1") for a in argv)
+  from experiments.plan.tpu import quiet_backend_probe
+  quiet_backend_probe()   # libtpu (the [tpu] extra) on a machine without TPU chips
   try:
     from experiments.commands import command_logging
     with command_logging():

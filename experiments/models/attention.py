@@ -1,7 +1,10 @@
 """Grouped-query causal self-attention with RoPE, packed segments and a KV cache.
 
 One `attend` serves all three paths, so they differ only in their masks:
-  parallel  keys = the sequence itself; mask = causal & same segment & key valid;
+  parallel  keys = the sequence itself; mask = causal & same segment & key valid
+            (`kernels.attention.causal_attention`: a flash kernel where the step is
+            compiled for TPU or GPU, O(T) memory; this einsum form on CPU, with
+            `attention="xla"`, and when the probabilities are asked for);
   prefill   the parallel path, also returning K, V to fill the cache;
   decode    one query per row against the cache; mask = cache slots holding a
             real token of the row's current segment (the new slot included).
@@ -21,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments.models.layers import RMSNorm, mrope_axes, normal, rope, rope_inv_freq
+from kernels.attention.api import causal_attention
 
 
 def causal_mask(batch_time: tuple[int, int], *, segment_ids=None, valid=None):
@@ -101,8 +105,9 @@ class Attention(nnx.Module):
                rngs: nnx.Rngs, qkv_bias: bool = False, qk_norm: bool = False,
                rope_scaling: tuple = (), norm_eps: float = 1e-6,
                norm_scale_in_dtype: bool = False, mrope_section: tuple = (),
-               mrope_interleaved: bool = False):
+               mrope_interleaved: bool = False, implementation: str = "auto"):
     self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+    self.implementation = implementation   # LMConfig.attention: "auto" or "xla"
     # Multimodal RoPE (Qwen3-VL): which of the t, h, w positions each frequency reads.
     self.mrope_axes = (tuple(int(a) for a in mrope_axes(head_dim, mrope_section,
                                                          mrope_interleaved))
@@ -154,13 +159,20 @@ class Attention(nnx.Module):
     return jnp.einsum("bthe,hed->btd", o_BxTxHqxDh, self.w_o[...].astype(self.dtype))
 
   def __call__(self, x_BxTxD, positions_BxT, *, segment_ids=None, valid=None,
-               return_kv=False, return_probs=False):
+               return_kv=False, return_probs=False, mesh=None):
     """y [B, T, D]; with `return_kv` also (K, V) [B, T, Hkv, Dh] (prefill) and with
-    `return_probs` also p_BxHqxTxT (analyses): (y, extras) with extras a dict."""
+    `return_probs` also p_BxHqxTxT (analyses): (y, extras) with extras a dict. `mesh`:
+    the training mesh, over whose batch axes a flash kernel runs per shard."""
     q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh = self.qkv(x_BxTxD, positions_BxT)
-    mask_BxTxS = causal_mask(x_BxTxD.shape[:2], segment_ids=segment_ids, valid=valid)
-    o_BxTxHqxDh, p_BxHqxTxS = attend(q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, mask_BxTxS,
-                                     return_probs=True)
+    p_BxHqxTxS = None
+    if return_probs:   # the analyses read the probabilities: the einsum form
+      mask_BxTxS = causal_mask(x_BxTxD.shape[:2], segment_ids=segment_ids, valid=valid)
+      o_BxTxHqxDh, p_BxHqxTxS = attend(q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, mask_BxTxS,
+                                       return_probs=True)
+    else:
+      o_BxTxHqxDh = causal_attention(
+          q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, segment_ids, valid, mesh=mesh,
+          implementation="xla" if self.implementation == "xla" else None)
     y_BxTxD = self.project_out(o_BxTxHqxDh)
     if not (return_kv or return_probs):
       return y_BxTxD

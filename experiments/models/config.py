@@ -22,7 +22,11 @@ _OWNER = "LMConfig"
 # Fields added after runs were saved, with their JSON defaults (see `to_dict`).
 _LATER_FIELDS = {"qkv_bias": False, "qk_norm": False, "rope_scaling": [],
                  "norm_scale_in_dtype": False, "mrope_section": [],
-                 "mrope_interleaved": False, "moe_layers": [], "moe": None}
+                 "mrope_interleaved": False, "moe_layers": [], "moe": None,
+                 "attention": "auto"}
+
+
+ATTENTIONS = ("auto", "xla")   # LMConfig.attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,9 @@ class LMConfig:
     moe_layers: layers whose FFN is the mixture of experts `moe` (an
       experiments.models.moe.MoEConfig; d_model must match) instead of the
       dense SwiGLU (DESIGN.md §6.7); () draws nothing new.
+    attention: "auto" (the flash kernel of the platform the step is compiled for,
+      splash on TPU and Pallas Triton on GPU, where the shapes fit; the XLA form
+      on CPU) or "xla" (always the XLA form, which holds the [T, T] scores).
   """
 
   d_model: int = 256
@@ -91,6 +98,7 @@ class LMConfig:
   mrope_interleaved: bool = False
   moe_layers: tuple[int, ...] = ()
   moe: Any = None
+  attention: str = "auto"
 
   def __post_init__(self):
     for name in ("dtype", "param_dtype"):
@@ -104,6 +112,8 @@ class LMConfig:
     for name in ("tie_embeddings", "remat", "qkv_bias", "qk_norm", "norm_scale_in_dtype",
                  "mrope_interleaved"):
       dataclass_json.check_bool(_OWNER, name, getattr(self, name))
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"LMConfig: attention={self.attention!r} is not one of {ATTENTIONS}.")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
           f"LMConfig: n_heads={self.n_heads} must be a multiple of "

@@ -56,10 +56,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiments.models import layout
 from experiments.models.attention import Attention
 from experiments.models.branches import BranchContext, make_branch
 from experiments.models.cache import DecodeCache, LayerCache
 from experiments.models.config import LMConfig
+from experiments.models.cross_entropy import chunked_token_nll
 from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segment_positions
 from experiments.models.moe import MoEFFN
 from lngram_jax.layer import LngramV2
@@ -101,7 +103,8 @@ class Block(nnx.Module):
         param_dtype=c.param_dtype, init_std=c.init_std, out_std=out_std, rngs=rngs,
         qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, rope_scaling=c.rope_scaling,
         norm_eps=c.norm_eps, norm_scale_in_dtype=c.norm_scale_in_dtype,
-        mrope_section=c.mrope_section, mrope_interleaved=c.mrope_interleaved)
+        mrope_section=c.mrope_section, mrope_interleaved=c.mrope_interleaved,
+        implementation=c.attention)
     self.mlp_norm = _norm(c)
     if layer in c.moe_layers:   # drawn where the dense FFN would be (experiments/models/moe.py)
       self.mlp = MoEFFN(c.moe, dtype=c.dtype, param_dtype=c.param_dtype, init_std=c.init_std,
@@ -160,7 +163,7 @@ class Block(nnx.Module):
     else:
       attn_BxTxD, extras = self.attn(
           h_BxTxD, positions_BxT, segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT,
-          return_kv=True, return_probs=True)
+          return_kv=True, return_probs=bool(ctx.probe), mesh=layout.sharded(ctx.mesh))
       if ctx.probe:
         aux["attn/probs"] = extras["probs"]
     x_BxTxD = x_BxTxD + attn_BxTxD
@@ -276,6 +279,22 @@ class DecoderLM(nnx.Module):
       self.blocks = nnx.List([self.blocks[a] if b - a == 1 else _stack(self.blocks[a:b])
                               for a, b in self.layer_spans])
 
+  def output_weights(self):
+    """(w, vocab_axis) of the output projection: the tied embedding [V, D] (axis 0) or
+    `unembed` [D, V] (axis 1)."""
+    if self.unembed is None:
+      return self.embed.table[...], 0
+    return self.unembed[...], 1
+
+  def token_nll(self, hidden_BxTxD, targets_BxT, *, chunk: int | None = None, mesh=None):
+    """Cross entropy in nats [B, T] (float32, or float64) of the logits of `hidden` (the
+    blocks' output, before the final norm) against `targets`, without materialising the
+    [B, T, V] logits (experiments/models/cross_entropy.py); `mesh`: the step's mesh."""
+    w, vocab_axis = self.output_weights()
+    x_BxTxD = self.final_norm(hidden_BxTxD).astype(self.config.dtype)
+    return chunked_token_nll(x_BxTxD, w, targets_BxT, vocab_axis=vocab_axis, chunk=chunk,
+                             mesh=mesh)
+
   def logits(self, x_BxTxD):
     """Final norm and output projection; float32 logits [B, T, V]."""
     x_BxTxD = self.final_norm(x_BxTxD)
@@ -285,8 +304,11 @@ class DecoderLM(nnx.Module):
                       preferred_element_type=jnp.float32)
 
   def __call__(self, tokens_BxT, *, segment_ids=None, positions=None, valid=None,
-               return_aux=False, context: BranchContext | None = None):
-    """logits_BxTxV (float32); with `return_aux` also a dict of diagnostics.
+               return_aux=False, context: BranchContext | None = None,
+               return_hidden: bool = False):
+    """logits_BxTxV (float32); with `return_aux` also a dict of diagnostics. With
+    `return_hidden` the blocks' output [B, T, D] (before the final norm) instead of the
+    logits: `token_nll` takes it to a loss without the [B, T, V] logits.
 
     aux keys: `memory/<layer>/<name>` (Lngram: `codes` int32 [B, T, R],
     `route_mass` [B, T, Hq], the mass on real routes, not the sink) and
@@ -300,18 +322,19 @@ class DecoderLM(nnx.Module):
     context = (context or BranchContext()).replace(tokens_BxT=tokens_BxT)
     return self.forward_embedded(self.embed(tokens_BxT), segment_ids=segment_ids,
                                  positions=positions, valid=valid, return_aux=return_aux,
-                                 context=context)
+                                 context=context, return_hidden=return_hidden)
 
   def forward_embedded(self, x_BxTxD, *, segment_ids=None, positions=None, valid=None,
                        return_aux=False, context: BranchContext | None = None,
-                       layer_adds=()):
+                       layer_adds=(), return_hidden: bool = False):
     """The forward from input embeddings [B, T, d] (a continuous input path).
 
     `context` carries what branches read besides x (text mask, visual tokens,
     token ids, the probe flag); segment_ids and valid are set from the args.
     positions: [B, T], or [3, B, T] with `config.mrope_section` (multimodal
     RoPE). layer_adds: arrays [B, T, d] added to the outputs of layers 0, 1, ...
-    (Qwen3-VL's DeepStack features, zero off the image positions).
+    (Qwen3-VL's DeepStack features, zero off the image positions). return_hidden: the
+    blocks' output instead of the logits (`__call__`).
     """
     B, T = x_BxTxD.shape[:2]
     if T > self.config.max_len:
@@ -344,8 +367,8 @@ class DecoderLM(nnx.Module):
           aux[f"{slot}/{i}/{name}"] = value
         if ctx.probe:
           aux[f"block/{i}/hidden"] = layer_hidden
-    logits_BxTxV = self.logits(x_BxTxD)
-    return (logits_BxTxV, aux) if return_aux else logits_BxTxV
+    out = x_BxTxD if return_hidden else self.logits(x_BxTxD)
+    return (out, aux) if return_aux else out
 
   # --- decoding ---------------------------------------------------------------
 

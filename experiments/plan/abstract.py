@@ -4,16 +4,17 @@
                                        parameters and AdamW state as ShapeDtypeStructs
                                        carrying the trainer's shardings, an abstract
                                        batch, and the train step as the loop builds it
-    compiled, jaxpr = compile_step(run)   jit(step).trace(...).lower().compile()
 
 The step is `experiments.trainer.step.make_train_step` with the LM loss traced
 on the mesh (`lm_loss(mesh=...)`, so Lngram runs its sharded form) and the
 state's out_shardings, as `TrainState.step_fn` makes it; the shardings are the
 trainer's placement (`experiments.trainer.placement`, the LM's rules from
 `experiments.models.layout`). Only the compile needs devices: the mesh's devices
-are this process's CPU devices (experiments/plan/command.py provides enough).
-Compiling with LLVM optimisation off (`FAST_COMPILE`) keeps the HLO, its cost
-and memory analysis and every collective the same; only machine code differs.
+are this process's CPU devices (experiments/plan/command.py provides enough) or
+those of a TPU topology (experiments/plan/tpu.py). Compiling for XLA:CPU with LLVM
+optimisation off (`FAST_COMPILE`) keeps the HLO, its cost and memory analysis and
+every collective the same; only machine code differs (experiments/plan/report.py
+compiles).
 """
 
 from __future__ import annotations
@@ -118,13 +119,6 @@ def abstract_run(config, mesh) -> AbstractRun:
       (B, T), dtype, sharding=mesh_lib.batch_sharding(mesh, 2, tokens=True))
       for name, dtype in BATCH_DTYPES.items()}
   return AbstractRun(model, mesh, state, rest, batch, step, B * T)
-
-
-def compile_step(run: AbstractRun, *, fast: bool = True):
-  """(the compiled train step, its jaxpr); `fast`: LLVM optimisation off, the same HLO."""
-  traced = run.step.trace(run.state, run.rest, run.batch)
-  lowered = traced.lower()
-  return (lowered.compile(FAST_COMPILE) if fast else lowered.compile()), traced.jaxpr
 
 
 def bytes_per_device(tree) -> int:

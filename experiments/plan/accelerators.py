@@ -15,6 +15,11 @@ Sources (vendor datasheets and documentation, read 2026):
              NVLink 900 GB/s.
   H800 SXM5  NVIDIA H800 product brief: the H100's compute and HBM, NVLink
              400 GB/s (200 GB/s each way).
+  TPU v4     Google Cloud TPU v4 documentation: 275 TFLOP/s bf16, 32 GB HBM2 at
+             1,200 GB/s, ICI 2,400 Gbps per chip (300 GB/s); two TensorCores a chip,
+             which a TPU topology lists as two devices of 16 GB each.
+  TPU v5e    Google Cloud TPU v5e documentation: 197 TFLOP/s bf16, 16 GB HBM2 at
+             819 GB/s, ICI 1,600 Gbps per chip (200 GB/s).
   TPU v5p    Google Cloud TPU v5p documentation: 459 TFLOP/s bf16, 95 GB HBM2e at
              2,765 GB/s, ICI 4,800 Gbps per chip (600 GB/s).
   TPU v6e    Google Cloud TPU v6e (Trillium) documentation: 918 TFLOP/s bf16,
@@ -43,13 +48,16 @@ ACCELERATORS = {
     "h100": Accelerator("H100 SXM", 989e12, 80 * GB, 3.35e12, 450 * GB, 50 * GB, 8),
     "h200": Accelerator("H200 SXM", 989e12, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 8),
     "h800": Accelerator("H800 SXM", 989e12, 80 * GB, 3.35e12, 200 * GB, 50 * GB, 8),
+    "tpu_v4": Accelerator("TPU v4", 275e12, 32 * GB, 1.2e12, 300 * GB, 300 * GB, 1 << 30),
+    "tpu_v5e": Accelerator("TPU v5e", 197e12, 16 * GB, 0.819e12, 200 * GB, 200 * GB, 1 << 30),
     "tpu_v5p": Accelerator("TPU v5p", 459e12, 95 * GB, 2.765e12, 600 * GB, 600 * GB, 1 << 30),
     "tpu_v6e": Accelerator("TPU v6e", 918e12, 32 * GB, 1.64e12, 448 * GB, 448 * GB, 1 << 30),
 }
 
 
 def accelerator(name: str) -> Accelerator:
-  """The row of `name` (h100, h200, h800, tpu_v5p, tpu_v6e); a one-line error otherwise."""
+  """The row of `name` (h100, h200, h800, tpu_v4, tpu_v5e, tpu_v5p, tpu_v6e); a one-line
+  error otherwise."""
   key = str(name).lower().replace("-", "_")
   if key not in ACCELERATORS:
     raise ValueError(f"--accelerator={name!r} is not one of {', '.join(ACCELERATORS)}.")

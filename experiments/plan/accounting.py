@@ -15,7 +15,10 @@ FLOPs OF ONE TRAINING STEP (a multiply-add is 2 FLOPs; the backward costs twice
 the forward, so a matmul weight used once per token costs 6 FLOPs per token):
   train = 6·A·BT + 12·L·T·Hq·Dh·BT          (with remat the blocks' share of A and the
                                             attention term cost 8/6 as much: one more
-                                            forward; the output projection does not)
+                                            forward; the output projection always costs
+                                            8 per weight and token: the chunked cross
+                                            entropy recomputes its logits in the
+                                            backward, experiments/models/cross_entropy.py)
   where A counts the multiply-adds per token of every matmul:
     attention projections D·Hq·Dh + D·2·Hkv·Dh + Hq·Dh·D per layer; the dense FFN
     3·D·F, or the MoE FFN D·E + K·3·D·H + 3·D·(n_shared·H_shared) (K routed
@@ -112,7 +115,7 @@ def train_flops(model: LMConfig, *, batch: int, seq_len: int) -> float:
   """FLOPs of one training step over batch × seq_len tokens (module docstring)."""
   macs = macs_per_token(model)
   tokens = batch * seq_len
-  passes = 8 if model.remat else 6   # remat reruns each block's forward, not the output
-  unembed = model.d_model * model.vocab_size
-  return (passes * (macs["matmul"] - unembed) * tokens + 6 * unembed * tokens
+  passes = 8 if model.remat else 6   # remat reruns each block's forward
+  unembed = model.d_model * model.vocab_size   # 8: the chunked loss recomputes its logits
+  return (passes * (macs["matmul"] - unembed) * tokens + 8 * unembed * tokens
           + 2 * passes * model.n_layers * seq_len * macs["attention"] * tokens)

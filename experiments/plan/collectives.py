@@ -6,8 +6,10 @@ size), a reduce-scatter its whole input (result × group size), an all-reduce,
 all-to-all and collective-permute their buffer. Asynchronous pairs count once
 (`-start`; `-done` moves nothing new). Collectives over singleton groups (a mesh
 axis of size 1) move nothing and are skipped. A collective inside a `while` body
-counts once per iteration when XLA knows the trip count (`known_trip_count`,
-what `lax.scan` and `lax.map` compile to); an unknown trip count counts once
+counts once per iteration when the trip count is known: XLA's `known_trip_count`
+(what `lax.scan` and `lax.map` compile to on CPU), or else a loop condition of the
+form `counter < constant(N)` (the TPU compiler's loops, its windowed collective
+matmuls included, count from 0 by 1: N trips). Any other loop counts once
 (reported as `unknown_trips`). The counting convention is the one of the mesh
 benchmarks (DESIGN.md §10, its traffic paragraph).
 """
@@ -31,6 +33,10 @@ _MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<sizes>[^\]]*)\][^{]*\{(?P<a
 _SINGLETONS = re.compile(r"replica_groups=(\{\{\d+\}(,\{\d+\})*\}|\[\d+,1\])")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _WHILE = re.compile(r"\bwhile\(.*?body=%?(?P<body>[\w.\-]+)")
+_COND = re.compile(r"\bcondition=%?(?P<cond>[\w.\-]+)")
+_CONSTANT = re.compile(r"%(?P<name>[\w.\-]+) = [su](?:32|64)\[\]\S* constant\((?P<n>\d+)\)")
+_LESS = re.compile(r"ROOT %[\w.\-]+ = pred\[\]\S* compare\(%[\w.\-]+, %(?P<bound>[\w.\-]+)\)"
+                   r".*direction=LT")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"')
 _CALLS = re.compile(r"\b(?:to_apply|calls|branch_computations|true_computation|"
                     r"false_computation)=\{?(?P<names>%?[\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?")
@@ -102,11 +108,22 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
         if line.startswith("ENTRY"):
           entry = name
       continue
-    if line.startswith("}"):
+    if line.rstrip() == "}":   # a computation's end (a custom call's config may span lines)
       name = None
     else:
       comps[name].append(line)
   return comps, entry
+
+
+def _bounded_trips(comps: dict[str, list[str]], cond) -> int | None:
+  """N of a loop condition `counter < constant(N)` (module docstring), else None."""
+  lines = comps.get(cond.group("cond").lstrip("%"), ()) if cond else ()
+  constants = {m.group("name"): int(m.group("n")) for line in lines
+               if (m := _CONSTANT.search(line))}
+  for line in lines:
+    if (m := _LESS.search(line)) and m.group("bound") in constants:
+      return constants[m.group("bound")]
+  return None
 
 
 def collective_bytes(hlo_text: str) -> dict[str, float]:
@@ -127,9 +144,10 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
       called: list[tuple[str, int]] = []
       if w := _WHILE.search(line):
         trips = _TRIPS.search(line)
+        n = int(trips.group("n")) if trips else _bounded_trips(comps, _COND.search(line))
         body = w.group("body").lstrip("%")
-        called.append((body, int(trips.group("n")) if trips else 1))
-        if not trips and any(total(body, seen | {name}).values()):
+        called.append((body, n or 1))
+        if not n and any(total(body, seen | {name}).values()):
           unknown[0] += 1
       elif " fusion(" not in line:   # fusions hold no collectives
         for m in _CALLS.finditer(line):

@@ -1,14 +1,19 @@
 """`lngram-exp plan`: check the mesh, provide the host devices, plan, print.
 
-The step compiles for as many XLA:CPU devices as the mesh has, on any machine:
+With `--target=<TPU topology>` the step is compiled by the TPU compiler for that
+topology's devices (experiments/plan/tpu.py; `pip install -e '.[tpu]'`), which need
+no host devices. Otherwise it
+compiles for as many XLA:CPU devices as the mesh has, on any machine:
 XLA makes N host devices when the CPU backend starts with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`. When jax has not started a
 backend yet in this process (a plain `lngram-exp plan`) the flag and
 `jax_platforms=cpu` are set here, in process; otherwise (a backend already
 started with fewer CPU devices) the command reruns itself in a subprocess with
 that environment. Compiling on CPU also keeps an accelerator machine's memory
-untouched. The mesh is checked against the config before either, so a mesh that
-does not divide the shapes is refused in a second.
+untouched, and (with libtpu) once more for a TPU topology of as many devices,
+whose memory stands in for the chip's in the fit verdict. The mesh is checked
+against the config before either, so a mesh that does not divide the shapes is
+refused in a second.
 """
 
 from __future__ import annotations
@@ -48,20 +53,35 @@ def provide_cpu_devices(n: int) -> bool:
 
 
 def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: float = 0.4,
-                 name: str = "", argv: list[str] | None = None) -> int:
+                 target: str | None = None, dump_hlo: str | None = None,
+                 accelerator_given: bool = False, name: str = "",
+                 argv: list[str] | None = None) -> int:
   """Prints the plan of `config` on `mesh` (`data=8`, `fsdp=8,seq=8`; none: one device);
-  `argv`: the command line, rerun in a subprocess when this process lacks devices."""
+  `target`: a TPU topology to compile for; `dump_hlo`: a file for the compiled program's
+  text; `argv`: the command line, rerun in a subprocess when this process lacks devices."""
   import math
+  from pathlib import Path
 
-  from experiments.plan import accelerators
+  from experiments.plan import accelerators, tpu
   from experiments.trainer.placement import parse_mesh
   block = parse_mesh(mesh or "")
   accelerators.accelerator(accelerator)   # a bad name or MFU: refused before any work
   accelerators.projected_step_s(accelerators.accelerator(accelerator), flops=0.0,
                                 collective_bytes=0.0, devices=1, mfu=mfu)
+  if target:
+    tpu.parse_topology(target)
+    if accelerator_given:
+      raise ValueError(f"--accelerator={accelerator} with --target={target}: the target "
+                       "names the chip; leave out --accelerator.")
+  if dump_hlo:
+    out = Path(dump_hlo).expanduser()
+    if out.is_dir() or not out.parent.is_dir():
+      raise ValueError(f"--dump_hlo={dump_hlo}: give a file in an existing folder.")
   sizes = refuse_mesh(config, block)
   n = math.prod(sizes.values())
-  if not provide_cpu_devices(n):
+  if target:
+    tpu.topology_devices(target)   # libtpu missing or the topology refused: one line
+  elif not provide_cpu_devices(n):
     if os.environ.get(_CHILD) or argv is None:
       raise ValueError(f"plan: could not get {n} XLA:CPU devices in this process (set "
                        f"XLA_FLAGS={DEVICES_FLAG}={n} before jax starts).")
@@ -71,6 +91,10 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
     sys.stdout.flush()
     return subprocess.run([sys.executable, "-m", "experiments", *argv[1:]], env=env,
                           check=False).returncode
-  result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu)
+  result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu, target=target,
+                    proxy=not target)
   print(format_plan(result, name))
+  if dump_hlo:
+    Path(dump_hlo).expanduser().write_text(result["hlo"])
+    print(f"wrote the compiled program ({result['compiler']}) to {dump_hlo}")
   return 0

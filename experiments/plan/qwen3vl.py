@@ -109,9 +109,9 @@ def geometry(config, mc) -> dict:
   return {"stage": q.stage.name, "rows": rows, "seq_len": seq, "new_tokens": new,
           "patches_per_row": patches, "visual_per_row": visual,
           "grid": (1, h // v.patch_size, w // v.patch_size),
-          # Under jit the visual memory of a row holds min(T, all visual tokens of the
-          # batch) slots (Qwen3VL.context), valid-masked: what its attention computes.
-          "visual_slots": min(seq, rows * visual)}
+          # Every row holds one image, so its visual memory holds that image's tokens
+          # (experiments.qwen3vl.sft.visual_per_row): what its attention computes.
+          "visual_slots": visual}
 
 
 def _tower_counts(v) -> dict[str, int]:
@@ -149,8 +149,11 @@ def qwen3vl_train_flops(mc, geo: dict) -> dict[str, float]:
     text    the decoder's layers (accounting.macs_per_token) and its unembedding;
             Stage I: layers up to the lowest branch forward only, the layers above it
             with input gradients but no weight gradients (the attention core: both of its
-            backward products), the unembedding with its input gradient only;
-            Stage II: accounting.train_flops; remat adds a forward of every block
+            backward products), the unembedding with its input gradient only (and its
+            forward twice: the chunked loss recomputes the logits in the backward);
+            Stage II: accounting.train_flops, the unembedding at the completion
+            tokens only (the objective reads their log-probabilities); remat adds a
+            forward of every block
             that has a backward
     pvm     per token and branch d·L + 2·Hq·dh·L + 3·L·F + L·d + 2·Hq·dh·Nv, per
             visual slot d_v·L + 2·Hkv·dh·L (Nv = visual_slots); the lowest Stage-I branch
@@ -165,6 +168,8 @@ def qwen3vl_train_flops(mc, geo: dict) -> dict[str, float]:
                                       rows=rows, seq_len=T)}
   else:
     out = {"text": train_flops(backbone, batch=rows, seq_len=T)}
+  if geo.get("new_tokens"):   # Stage II: logits at the completion tokens only
+    out["text"] -= 8.0 * backbone.d_model * backbone.vocab_size * rows * (T - geo["new_tokens"])
   N = rows * geo["patches_per_row"]
   E, F, wide = v.hidden_size, v.intermediate_size, v.hidden_size * v.spatial_merge_size ** 2
   S = geo["patches_per_row"]
@@ -205,8 +210,10 @@ def _frozen_text_flops(model, lowest: int, *, rows: int, seq_len: int) -> float:
   core = 2 * seq_len * macs["attention"]   # scores and values, per token
   above = L - 1 - lowest
   rerun = 2 if model.remat else 0
+  # The unembedding: forward, its recompute in the chunked loss's backward, and the input
+  # gradient (experiments/models/cross_entropy.py).
   per_token = (2 * L * (layer + core) + above * ((2 + rerun) * layer + (4 + rerun) * core)
-               + 4 * unembed)
+               + 6 * unembed)
   return float(per_token * rows * seq_len)
 
 
@@ -233,14 +240,15 @@ def _batch(geo: dict, mc, mesh) -> dict:
           for k, (s, d) in shapes.items()}
 
 
-def _loss(config, geo: dict):
+def _loss(config, geo: dict, mesh):
   import numpy as np
   grid = np.tile(np.asarray([geo["grid"]], np.int64), (geo["rows"], 1))
   if geo["stage"] == "grpo":
     from experiments.qwen3vl.grpo import qwen3vl_grpo_hooks
-    return qwen3vl_grpo_hooks(None, config.qwen3vl.grpo, grid_thw=grid, seed=0, eos=0)[1]
+    return qwen3vl_grpo_hooks(None, config.qwen3vl.grpo, grid_thw=grid, seed=0, eos=0,
+                              images_per_row=1, mesh=mesh)[1]
   from experiments.qwen3vl.sft import sft_loss
-  return sft_loss(grid)
+  return sft_loss(grid, images_per_row=1, mesh=mesh)
 
 
 def check_qwen3vl_mesh(config, sizes: dict) -> None:
@@ -284,7 +292,7 @@ def qwen3vl_abstract_run(config, mesh):
            "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)}
   step = step_lib.make_train_step(
       graphdef, tx, optim_lib.learning_rate_schedule(config.optim, steps),
-      _loss(config, geo), grad_accum=int(config.train.get("grad_accum", 1)),
+      _loss(config, geo, mesh), grad_accum=int(config.train.get("grad_accum", 1)),
       out_shardings=({"params": param_sh, "opt_state": opt_sh, "step": replicated},
                      replicated),
       frozen=optim_lib.frozen_mask(params, trainable, config.optim))
@@ -297,20 +305,42 @@ def qwen3vl_abstract_run(config, mesh):
   return run, mc, geo
 
 
+def memory_estimate(mc, geo: dict, token_shards: int, run) -> dict[str, int]:
+  """Bytes per device: the parameters and optimizer state as the run's shardings hold
+  them, and `activations_estimate`."""
+  from experiments.plan.abstract import bytes_per_device
+  return {"params": bytes_per_device(run.state["params"]),
+          "optimizer": bytes_per_device(run.state["opt_state"]),
+          "activations": activations_estimate(mc, geo, token_shards)}
+
+
 def activations_estimate(mc, geo: dict, token_shards: int) -> int:
-  """Bytes per device the backward keeps: experiments.tasks.checks.memory_plan's
-  (14·d + 3·ffn) values per token and decoder layer, (14·E + 2·F) per patch and ViT
-  block, the float32 logits and their gradient, and the float32 attention
-  probabilities (plain attention keeps them): Hq·T² per row and decoder layer, and
-  heads·S² per frame of S patches and ViT block (attention runs within each frame)."""
+  """Bytes per device the step keeps alive at its peak, from first principles:
+
+    decoder  per token: with remat each block's input (d values) for every layer plus one
+             block's working set (14·d + 3·ffn values); without, every layer's working
+             set. Attention is the flash kernels' (O(T): no [T, T] scores kept).
+    loss     three [chunk, V] float32 arrays of the chunked cross entropy (logits, their
+             softmax, their gradient), chunk = its default over this device's rows
+             (experiments/models/cross_entropy.py).
+    tower    frozen in both stages, so forward only: one ViT block's working set
+             (14·E + 2·F per patch) and its float32 scores within each frame of S
+             patches (heads·S per patch).
+    PVM      per branch and token, its float32 scores over the row's visual slots,
+             kept for the backward (Hq·Nv)."""
+  from experiments.models.cross_entropy import LOGITS_BUDGET
   text, v = mc.text, mc.vision
   act = jnp.dtype(text.dtype).itemsize
-  rows = math.ceil(geo["rows"] / token_shards)
   tokens = math.ceil(geo["rows"] * geo["seq_len"] / token_shards)
   patches = math.ceil(geo["rows"] * geo["patches_per_row"] / token_shards)
-  per_token = text.n_layers * (14 * text.d_model + 3 * text.ffn_dim) * act
-  per_patch = v.depth * (14 * v.hidden_size + 2 * v.intermediate_size) * act
-  scores = 4 * (rows * text.n_layers * text.n_heads * geo["seq_len"] ** 2
-                + v.depth * v.num_heads * patches * geo["patches_per_row"])
-  return tokens * (per_token + 2 * text.vocab_size * 4) + patches * per_patch + scores
-
+  block = 14 * text.d_model + 3 * text.ffn_dim
+  per_token = ((text.n_layers * text.d_model + block) if text.remat
+               else text.n_layers * block) * act
+  logits = 3 * min(LOGITS_BUDGET // token_shards, tokens * text.vocab_size * 4)
+  tower = patches * ((14 * v.hidden_size + 2 * v.intermediate_size) * act
+                     + 4 * v.num_heads * geo["patches_per_row"])
+  pvm = 0
+  if text.ffn_branch_layers:
+    pvm = (4 * len(text.ffn_branch_layers) * tokens * text.ffn_branch.q_heads
+           * geo["visual_slots"])
+  return tokens * per_token + logits + tower + pvm

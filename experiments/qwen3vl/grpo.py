@@ -89,20 +89,25 @@ def sequence_inputs(batch: dict, tokens_BxN, config, grid_thw) -> dict:
           "cols": cols_BxN.astype(np.int32), "pixel_values": np.asarray(batch["pixel_values"])}
 
 
-def token_logp(model, seq: dict, grid_thw):
-  """log π(o_j | image, prompt, o_<j) of every completion token: [B, N] float32 (traceable)."""
-  logits_BxLxV, _ = model(seq["seq_ids"], pixel_values=seq["pixel_values"],
-                          image_grid_thw=grid_thw, attention_mask_BxT=seq["seq_mask"],
-                          position_ids=jnp.transpose(seq["position_ids"], (1, 0, 2)))
+def token_logp(model, seq: dict, grid_thw, *, images_per_row=None, mesh=None):
+  """log π(o_j | image, prompt, o_<j) of every completion token: [B, N] float32 (traceable).
+
+  From the decoder's hidden states at the columns before each completion token, by
+  `DecoderLM.token_nll` (no [B, L, V] logits); `images_per_row`, `mesh`: as
+  `experiments.qwen3vl.sft.sft_loss`."""
+  from experiments.qwen3vl.sft import forward_rows
   rows_B = jnp.arange(seq["cols"].shape[0])[:, None]
-  # The logit at column c - 1 predicts the token at column c.
-  pred_BxNxV = logits_BxLxV[rows_B, seq["cols"] - 1]
-  logp_BxNxV = jax.nn.log_softmax(pred_BxNxV.astype(jnp.float32), axis=-1)
+  hidden_BxLxD = forward_rows(model, seq["seq_ids"], seq["seq_mask"], seq["position_ids"],
+                              seq["pixel_values"], grid_thw, images_per_row=images_per_row,
+                              mesh=mesh, return_hidden=True)
+  # The hidden state at column c - 1 predicts the token at column c.
+  pred_BxNxD = hidden_BxLxD[rows_B, seq["cols"] - 1]
   tokens_BxN = jnp.take_along_axis(seq["seq_ids"], seq["cols"], axis=1)
-  return jnp.take_along_axis(logp_BxNxV, tokens_BxN[..., None], axis=-1)[..., 0]
+  return -model.lm.token_nll(pred_BxNxD, tokens_BxN, mesh=mesh)
 
 
-def qwen3vl_grpo_hooks(data, grpo, *, grid_thw, seed: int, eos: int, ref_model=None):
+def qwen3vl_grpo_hooks(data, grpo, *, grid_thw, seed: int, eos: int, ref_model=None,
+                       images_per_row: int | None = None, mesh=None):
   """(prepare, loss) of Stage II on Qwen3-VL over `data` (ConversationData with answers).
 
   `batch` comes from a ConversationSampler in "prompts" mode. Rewards:
@@ -126,7 +131,7 @@ def qwen3vl_grpo_hooks(data, grpo, *, grid_thw, seed: int, eos: int, ref_model=N
     return rewards(texts, answers)
 
   def token_logp_of(model, batch):
-    return token_logp(model, batch, grid_thw)
+    return token_logp(model, batch, grid_thw, images_per_row=images_per_row, mesh=mesh)
 
   return policy_hooks(sample, score, token_logp_of, grpo, seed=seed, eos=eos,
                       ref_model=ref_model)

@@ -141,11 +141,18 @@ class Qwen3VL(nnx.Module):
 
   def __call__(self, input_ids_BxT, *, pixel_values=None, image_grid_thw=None,
                attention_mask_BxT=None, mm_token_type_ids=None, position_ids=None,
-               return_aux=False):
+               return_aux=False, return_hidden=False, n_visual: int | None = None,
+               mesh=None):
     """(logits_BxTxV float32, aux). Padding (attention_mask 0) may sit on either side.
 
     input_ids / image_grid_thw / mm_token_type_ids are read on the host to
-    build the positions unless `position_ids` [3, B, T] are given.
+    build the positions unless `position_ids` [3, B, T] are given. return_hidden: the
+    decoder's output [B, T, D] before its final norm instead of the logits (the loss
+    takes it to `self.lm.token_nll`). n_visual: the visual slots a row's PVM memory
+    holds (`context`; a batch whose rows hold the same image count passes that
+    count's tokens, so each row attends to its own image only). mesh: the training
+    mesh the step runs on (`BranchContext.mesh`: attention then runs its kernel per
+    batch shard).
     """
     if position_ids is None:
       position_ids = self.positions(input_ids_BxT, image_grid_thw, attention_mask_BxT,
@@ -154,11 +161,12 @@ class Qwen3VL(nnx.Module):
                                                               image_grid_thw)
     valid_BxT = None if attention_mask_BxT is None else jnp.asarray(attention_mask_BxT,
                                                                     bool)
-    out = self.lm.forward_embedded(
+    context = self.context(input_ids_BxT, image_BxT, v_MxD, n_visual=n_visual)
+    if mesh is not None:
+      context = context.replace(mesh=mesh)
+    return self.lm.forward_embedded(
         x_BxTxD, positions=jnp.asarray(position_ids, jnp.int32), valid=valid_BxT,
-        context=self.context(input_ids_BxT, image_BxT, v_MxD), layer_adds=layer_adds,
-        return_aux=True)
-    return out
+        context=context, layer_adds=layer_adds, return_aux=True, return_hidden=return_hidden)
 
   # --- decoding -----------------------------------------------------------------
 

@@ -151,7 +151,8 @@ def memory_plan(config, devices: int, *, token_shards: int | None = None) -> dic
 
   Activations: what the backward keeps per token and layer, about (14·d + 3·ffn)
   values in the compute dtype (one d-vector per layer with `remat`, plus one
-  layer's worth), and the float32 logits and their gradient ([B, T, V] twice).
+  layer's worth), and the chunked cross entropy's three float32 [chunk, V] arrays
+  (experiments/models/cross_entropy.py: the [B, T, V] logits never exist whole).
   """
   import math
 
@@ -174,9 +175,12 @@ def memory_plan(config, devices: int, *, token_shards: int | None = None) -> dic
   act = jnp.dtype(lm.dtype).itemsize
   per_layer = (14 * lm.d_model + 3 * lm.ffn_dim) * act
   kept = (lm.n_layers * lm.d_model * act + per_layer) if lm.remat else lm.n_layers * per_layer
+  from experiments.models.cross_entropy import LOGITS_BUDGET
+  shards = devices if token_shards is None else token_shards
+  logits = 3 * min(LOGITS_BUDGET // shards, tokens * lm.vocab_size * 4)
   return {"devices": devices, "params": math.ceil(params / devices),
           "optimizer": math.ceil(opt / devices),
-          "activations": tokens * kept + 2 * tokens * lm.vocab_size * 4}
+          "activations": tokens * kept + logits}
 
 
 def state_dtype_bytes(config) -> int:

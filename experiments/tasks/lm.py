@@ -18,7 +18,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from experiments.data import load_corpus, validation
@@ -39,16 +38,11 @@ from experiments.trainer.step import RULE_UPDATES, WEIGHT
 LN2 = math.log(2.0)
 
 
-def token_losses(logits_BxTxV, targets_BxT):
-  """Cross entropy per token in nats, float32."""
-  return optax.softmax_cross_entropy_with_integer_labels(
-      logits_BxTxV.astype(jnp.float32), targets_BxT)
-
-
-def _forward(model, batch, *, return_aux=False, mesh=None):
+def _forward(model, batch, *, return_aux=False, mesh=None, return_hidden=False):
   context = None if layout.sharded(mesh) is None else BranchContext(mesh=mesh)
   return model(batch["inputs"], segment_ids=batch["segment_ids"],
-               positions=batch["positions"], return_aux=return_aux, context=context)
+               positions=batch["positions"], return_aux=return_aux, context=context,
+               return_hidden=return_hidden)
 
 
 def lm_loss(model, batch, *, mesh=None):
@@ -59,9 +53,12 @@ def lm_loss(model, batch, *, mesh=None):
   (the sparse FFN's balance loss) is added to what is optimised and logged as
   `train/memory/<layer>/aux_loss` (experiments/tasks/metrics.py).
   """
-  logits_BxTxV, aux = _forward(model, batch, return_aux=True, mesh=mesh)
+  # The cross entropy is taken chunk by chunk from the final hidden states: the [B, T, V]
+  # float32 logits never exist (experiments/models/cross_entropy.py).
+  hidden_BxTxD, aux = _forward(model, batch, return_aux=True, mesh=mesh, return_hidden=True)
   mask_BxT = batch["loss_mask"].astype(jnp.float32)
-  loss_sum = (token_losses(logits_BxTxV, batch["targets"]) * mask_BxT).sum()
+  nats_BxT = model.token_nll(hidden_BxTxD, batch["targets"], mesh=layout.sharded(mesh))
+  loss_sum = (nats_BxT * mask_BxT).sum()
   loss = loss_sum / jnp.maximum(mask_BxT.sum(), 1.0)
   extra_loss, train_metrics = metrics.loss_terms(aux)
   # MoE layers: Σ balance_coef · balance_loss, and the aux-loss-free routing biases'
@@ -86,9 +83,9 @@ def make_eval_step(graphdef, *, mesh=None):
   @jax.jit
   def evaluate(params, batch):
     model = nnx.merge(graphdef, params)
-    logits_BxTxV, aux = _forward(model, batch, return_aux=True, mesh=mesh)
+    hidden_BxTxD, aux = _forward(model, batch, return_aux=True, mesh=mesh, return_hidden=True)
     mask_BxT = batch["loss_mask"].astype(jnp.float32)
-    nats_BxT = token_losses(logits_BxTxV, batch["targets"]) * mask_BxT
+    nats_BxT = model.token_nll(hidden_BxTxD, batch["targets"], mesh=layout.sharded(mesh)) * mask_BxT
     # Per-row sums too: a validation row holds one document (experiments/data/validation.py).
     sums = {"loss_sum": nats_BxT.sum(), "tokens": mask_BxT.sum(),
             "row_nats": nats_BxT.sum(axis=1), "row_tokens": mask_BxT.sum(axis=1)}

@@ -115,7 +115,8 @@ def _data(q, workdir: Path, processor) -> ConversationData:
 
 def qwen3vl_task(config, workdir, mesh=None) -> Task:
   """The task of one Qwen3-VL stage (experiments/configs/qwen3vl_pvm_*.py)."""
-  del mesh   # XLA partitions the forward from the parameters' and batch's shardings
+  # XLA partitions the forward from the parameters' and batch's shardings; the mesh is
+  # passed for the attention kernels, which run per batch shard.
   check_qwen3vl_config(config)
   q, st = config.qwen3vl, config.qwen3vl.stage
   workdir = Path(workdir)
@@ -131,7 +132,8 @@ def qwen3vl_task(config, workdir, mesh=None) -> Task:
     from experiments.qwen3vl.sft import sft_loss
     batches = ConversationSampler(data, mc, batch_size=config.data.batch_size,
                                   seq_len=config.data.seq_len, seed=config.train.seed)
-    loss, prepare = sft_loss(batches.grid_thw), None
+    loss = sft_loss(batches.grid_thw, images_per_row=batches.images_per_row, mesh=mesh)
+    prepare = None
     tokens_per_step = config.data.batch_size * config.data.seq_len
   else:
     from experiments.qwen3vl.grpo import qwen3vl_grpo_hooks
@@ -142,7 +144,8 @@ def qwen3vl_task(config, workdir, mesh=None) -> Task:
     ref = build_model(config, processor)[0] if g.kl_coef else None   # the policy at the start
     eos = processor.tokenizer.token_to_id("<|im_end|>")
     prepare, loss = qwen3vl_grpo_hooks(data, g, grid_thw=batches.grid_thw,
-                                       seed=config.train.seed, eos=eos, ref_model=ref)
+                                       seed=config.train.seed, eos=eos, ref_model=ref,
+                                       images_per_row=batches.images_per_row, mesh=mesh)
     # Constant learning rate, no weight decay (the paper's Stage II).
     optim.update(lr=g.lr, weight_decay=0.0, warmup_steps=0, warmup_frac=0.0, min_lr_ratio=1.0)
     tokens_per_step = g.prompts_per_step * g.group_size * g.max_new_tokens

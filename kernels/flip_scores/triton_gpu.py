@@ -36,6 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels.flip_scores.reference import acc_dtype
+from kernels.out_shapes import like
 from kernels.sink_readout.common import next_power_of_2, triton_pad
 
 DEFAULT_BLOCK_W = 32  # untuned: [32, 128] float32 tiles, 4 warps
@@ -128,13 +129,13 @@ def flip_scores(table_VxD, rows_N, g_NxD, *, flips: tuple[int, ...],
   in_specs = [pl.BlockSpec((block_w,), lambda i: (i,)),
               pl.BlockSpec((block_w, cols), lambda i: (i, 0)), whole]
   out_specs = [pl.BlockSpec((block_w, k_pad), lambda i: (i, 0))]
-  out_shape = [jax.ShapeDtypeStruct((N, 1 + len(flips)), acc)]
+  out_shape = [like(g_NxD, (N, 1 + len(flips)), acc)]
   args = [rows_N.astype(jnp.int32), g_NxD, table_VxD]
   aliases = {}
   if with_table_grad:  # atomics add into a zero buffer that becomes the output
     in_specs.append(whole)
     out_specs.append(whole)
-    out_shape.append(jax.ShapeDtypeStruct((V, D), acc))
+    out_shape.append(like(g_NxD, (V, D), acc))
     args.append(jnp.zeros((V, D), acc))
     aliases = {3: 1}
   kernel = functools.partial(_kernel, n_rows=N, dim=D, flips=tuple(flips), block_w=block_w,

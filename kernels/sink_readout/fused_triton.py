@@ -36,6 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from kernels.out_shapes import like
 from kernels.sink_readout.common import MASK_VALUE, BlockSizes, triton_pad
 from kernels.sink_readout.triton_gpu import _NT, _TN, _dot, compiler_params
 
@@ -230,8 +231,8 @@ def forward(q_BTxHqxDr, tables, rows, norm_scale_Dr, sink_logit, *, scale: float
       in_specs=[pl.BlockSpec((hp,), lambda i: (0,)), heads, norm, *whole,
                 *[row_spec] * n_orders],
       out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
+      out_shape=[like(q_BTxHqxDr, q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 like(q_BTxHqxDr, (BT, Hq), jnp.float32)],
       compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="fused_sink_readout_fwd",
@@ -265,9 +266,9 @@ def backward(q_BTxHqxDr, tables, rows, norm_scale_Dr, out_BTxHqxDr, lse_BTxHq, d
       grid=grid,
       in_specs=[heads, norm, heads, stats, heads, stats, *whole, *[row_spec] * n_orders],
       out_specs=[heads, *[dx_spec] * n_orders, pl.BlockSpec((None, dp), lambda i: (i, 0))],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 *[jax.ShapeDtypeStruct((BT, R, Dm), q_BTxHqxDr.dtype)] * n_orders,
-                 jax.ShapeDtypeStruct((grid[0], Dr), jnp.float32)],
+      out_shape=[like(q_BTxHqxDr, q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 *[like(q_BTxHqxDr, (BT, R, Dm), q_BTxHqxDr.dtype)] * n_orders,
+                 like(q_BTxHqxDr, (grid[0], Dr), jnp.float32)],
       compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name="fused_sink_readout_bwd",

@@ -31,6 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels.out_shapes import like
 from kernels.sink_readout.common import MASK_VALUE
 
 LANES = 128
@@ -157,8 +158,8 @@ def forward(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale, block_n, block_r, int
       grid=grid,
       in_specs=[pl.BlockSpec((Hq, LANES), lambda i, j: (0, 0)), heads, routes],
       out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct((BT, Hq, LANES), jnp.float32)],
+      out_shape=[like(q_BTxHqxDr, q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 like(q_BTxHqxDr, (BT, Hq, LANES), jnp.float32)],
       scratch_shapes=[pltpu.VMEM((block_n, Hq, LANES), jnp.float32),
                       pltpu.VMEM((block_n, Hq, LANES), jnp.float32),
                       pltpu.VMEM((block_n, Hq, Dr), jnp.float32)],
@@ -183,8 +184,8 @@ def backward(q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_BTxHq, dout_BTxHqxDr, dl
       grid=grid,
       in_specs=[heads, routes, heads, stats, heads, stats],
       out_specs=[heads, routes],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
+      out_shape=[like(q_BTxHqxDr, q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 like(mem_BTxRxDr, mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
       scratch_shapes=[pltpu.VMEM((block_n, Hq, Dr), jnp.float32)],
       compiler_params=_PARAMS,
       interpret=interpret,

@@ -31,6 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from kernels.out_shapes import like
 from kernels.sink_readout.common import MASK_VALUE, triton_pad
 
 _NT = (((1,), (1,)), ((), ()))  # a·bᵀ
@@ -173,8 +174,8 @@ def launch_forward(kernel_fn, name, q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, sink
       grid=grid,
       in_specs=[pl.BlockSpec((sink_rows * hp,), lambda i: (0,)), heads, routes],
       out_specs=[heads, stats],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct((BT, Hq), jnp.float32)],
+      out_shape=[like(q_BTxHqxDr, q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 like(q_BTxHqxDr, (BT, Hq), jnp.float32)],
       compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name=name,
@@ -194,8 +195,8 @@ def launch_backward(kernel_fn, name, q_BTxHqxDr, mem_BTxRxDr, out_BTxHqxDr, lse_
       grid=grid,
       in_specs=[heads, routes, heads, stats, heads, stats],
       out_specs=[heads, routes],
-      out_shape=[jax.ShapeDtypeStruct(q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
-                 jax.ShapeDtypeStruct(mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
+      out_shape=[like(q_BTxHqxDr, q_BTxHqxDr.shape, q_BTxHqxDr.dtype),
+                 like(mem_BTxRxDr, mem_BTxRxDr.shape, mem_BTxRxDr.dtype)],
       compiler_params=compiler_params(num_warps, num_stages, dp),
       interpret=interpret,
       name=name,

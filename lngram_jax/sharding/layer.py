@@ -179,7 +179,8 @@ def _layer_body(params, h_BxTxD, segment_ids, valid, *, config, sharding, return
 
   readout = None  # generic: the configured form, replicated after the psum
   if route_parallel:
-    readout = functools.partial(route_parallel_readout, axis_name=table_axis)
+    readout = functools.partial(route_parallel_readout, axis_name=table_axis,
+                                kernel=c.readout in ("pallas", "pallas_fused"))
   conv = functools.partial(short_conv, segment_ids=segment_ids)
   if context_parallel:
     conv = functools.partial(short_conv_with_halo, axis_name=seq_axis,

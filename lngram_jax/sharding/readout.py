@@ -13,8 +13,13 @@ token and query head,
 
 with the sink added once, after the reduction. Only (m, l, u), Hq·(Dr + 2)
 values per token, cross the network instead of the R·Dr route tokens. The
-maxima are stabilisers: the result does not depend on them, so they carry no
-gradient (`stop_gradient`), and the backward is the exact gradient.
+merged maximum is a stabiliser: the result does not depend on it, so it carries
+no gradient (`stop_gradient`), and the backward is the exact gradient.
+
+With `kernel=True` (the layer's `readout="pallas"` or `"pallas_fused"`) a shard's
+state comes from the Pallas sink-readout kernel run without a sink (b0 = -inf):
+its (out_s, lse_s) is the state (m = lse_s, l = 1, u = out_s), the same merge,
+with the gradient flowing through lse_s and out_s into the kernel's backward.
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxDr, *, sink_logit,
   Returns the normalised u_BxTxHqxDr and lse_BxTxHq over {sink, all routes}.
   With `axis_name` None the state is merged with the sink only (one shard).
   """
-  m_all = m_BxTxHq if axis_name is None else jax.lax.pmax(m_BxTxHq, axis_name)
-  m_all = jnp.maximum(m_all, sink_logit)
+  m_all = jax.lax.stop_gradient(m_BxTxHq)   # a stabiliser (module docstring)
+  m_all = m_all if axis_name is None else jax.lax.pmax(m_all, axis_name)
+  m_all = jnp.maximum(m_all, jax.lax.stop_gradient(sink_logit))
   rescale_BxTxHq = jnp.exp(m_BxTxHq - m_all)
   l_scaled = l_BxTxHq * rescale_BxTxHq
   u_scaled = u_BxTxHqxDr * rescale_BxTxHq[..., None]
@@ -68,18 +74,33 @@ def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxDr, *, sink_logit,
   return u_scaled / total_BxTxHq[..., None], m_all + jnp.log(total_BxTxHq)
 
 
+def kernel_partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
+  """`partial_sink_attention`'s state from the Pallas kernel run without a sink:
+  (m = lse, l = 1, u = out), gradients through lse and out (module docstring)."""
+  from kernels.sink_readout import sink_readout  # the Pallas backends load on first use
+  B, T, Hq, Dr = q_BxTxHqxDr.shape
+  out_BTxHqxDr, lse_BTxHq = sink_readout(
+      q_BxTxHqxDr.reshape(B * T, Hq, Dr), mem_BxTxRxDr.reshape(B * T, -1, Dr),
+      sink_logit=-jnp.inf, scale=scale)
+  acc = _stat_dtype(q_BxTxHqxDr.dtype)
+  lse_BxTxHq = lse_BTxHq.reshape(B, T, Hq).astype(acc)
+  return (lse_BxTxHq, jnp.ones_like(lse_BxTxHq),
+          out_BTxHqxDr.reshape(B, T, Hq, Dr).astype(acc))
+
+
 def route_parallel_readout(q_BxTxHqxDh, mem_local_BxTxRsxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
-                           sink_logit, axis_name: str | None):
+                           sink_logit, axis_name: str | None, kernel: bool = False):
   """Inside `shard_map`: the absorbed readout over this shard's routes R_s, merged.
 
   `mem_local_BxTxRsxDr` is x̂ = RMSNorm_m(x) of the local routes; q, W_K, W_V are
   the full (replicated) ones. Returns o_BxTxHqxDh and lse_BxTxHq, identical on
   every shard of `axis_name` and equal to `absorbed_readout` over all routes.
+  `kernel`: each shard's partial state from the Pallas kernel (module docstring).
   """
   Dh = q_BxTxHqxDh.shape[-1]
   q_abs_BxTxHqxDr = absorb_query(q_BxTxHqxDh, w_k_DrxHkvxDh).astype(mem_local_BxTxRsxDr.dtype)
-  state = partial_sink_attention(q_abs_BxTxHqxDr, mem_local_BxTxRsxDr,
-                                 scale=1.0 / math.sqrt(Dh))
+  partial = kernel_partial_sink_attention if kernel else partial_sink_attention
+  state = partial(q_abs_BxTxHqxDr, mem_local_BxTxRsxDr, scale=1.0 / math.sqrt(Dh))
   u_BxTxHqxDr, lse_BxTxHq = merge_partial_attention(*state, sink_logit=sink_logit,
                                                    axis_name=axis_name)
   u_BxTxHqxDr = u_BxTxHqxDr.astype(q_abs_BxTxHqxDr.dtype)

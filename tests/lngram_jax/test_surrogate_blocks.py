@@ -89,10 +89,12 @@ def test_blocks_equal_gather(surrogate, orders, dtype, tiny_chunks):
   np.testing.assert_allclose(np.asarray(d_z_b), np.asarray(d_z_g), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("strided", [False, True], ids=["runs", "strided"])
 @pytest.mark.parametrize("surrogate", ["exact", "onebit"])
 @pytest.mark.parametrize("chunk_bytes", [1, 700])
-def test_chunking_is_invisible(surrogate, chunk_bytes):
-  """One window per chunk, or chunks that do not divide B·T·R: the same answer."""
+def test_chunking_is_invisible(surrogate, chunk_bytes, strided):
+  """One window per chunk, or chunks that do not divide B·T·R, chunks of contiguous
+  windows (CPU) or of every n-th window (other platforms): the same answer."""
   bits = 2
   tables, z, gs, seg, valid = _problem(3, orders=(3,), M=bits, T=5, packed=True)
   codes = codes_from_logits(z)
@@ -101,8 +103,9 @@ def test_chunking_is_invisible(surrogate, chunk_bytes):
   kw = dict(order=3, bits=bits, surrogate=surrogate, tau=1.1, scale=0.7)
   want = jax.jit(functools.partial(surrogate_logit_grad, impl="gather", **kw))(
       tables[0], z, codes, rows, g)
-  got = jax.jit(functools.partial(surrogate_blocks.surrogate_logit_grad_blocks,
-                                  chunk_bytes=chunk_bytes, **kw))(tables[0], z, rows, g)
+  got = jax.jit(functools.partial(surrogate_blocks._surrogate_logit_grad_blocks,
+                                  chunk_bytes=chunk_bytes, strided=strided, **kw))(
+      tables[0], z, rows, g, None)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
