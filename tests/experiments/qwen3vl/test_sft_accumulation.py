@@ -57,3 +57,33 @@ def test_two_micro_batches_equal_the_whole_batch():
                              rtol=1e-4)
   for a, b in zip(jax.tree.leaves(s1["params"]), jax.tree.leaves(s2["params"]), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_each_rows_own_image_as_pvm_memory_changes_nothing_but_its_width():
+  """PVM's memory of a row's own image tokens (`images_per_row`: 4 slots) against the
+  default min(T, the batch's visual tokens) (8 slots, the other row's masked): the same
+  gradients, whole batch and in two micro-batches."""
+  from experiments.qwen3vl.pvm import with_pvm
+  config = tiny_config()
+  config = with_pvm(config, (config.text.n_layers - 1,), 2 * config.text.head_dim)
+  model = Qwen3VL(config, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params = jax.tree.map(lambda a: a + 0.1 if a.ndim == 0 else a, params)   # open the gate λ
+  batch, grid = _batch(model)
+  tx = optax.sgd(1.0)
+
+  def gradient(loss, k):   # one SGD step of rate 1 takes the gradient off the parameters
+    state = {"params": jax.tree.map(lambda a: a.copy(), params), "opt_state": tx.init(params),
+             "step": np.int32(0)}
+    after = make_train_step(graphdef, tx, lambda s: 1.0, loss, grad_accum=k)(
+        state, rest, batch)[0]["params"]
+    return jax.tree.map(lambda p, a: np.asarray(p) - np.asarray(a), params, after)
+
+  for k in (1, 2):
+    default = gradient(sft_loss(grid), k)
+    own = gradient(sft_loss(grid, images_per_row=1), k)
+    pvm = [g for path, g in jax.tree_util.tree_leaves_with_path(own) if "ffn_branch" in
+           jax.tree_util.keystr(path)]
+    assert pvm and max(np.abs(g).max() for g in pvm) > 1e-4   # the branch trains
+    for a, b in zip(jax.tree.leaves(default), jax.tree.leaves(own), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
