@@ -17,9 +17,10 @@ merged maximum is a stabiliser: the result does not depend on it, so it carries
 no gradient (`stop_gradient`), and the backward is the exact gradient.
 
 With `kernel=True` (the layer's `readout="pallas"` or `"pallas_fused"`) a shard's
-state comes from the Pallas sink-readout kernel run without a sink (b0 = -inf):
-its (out_s, lse_s) is the state (m = lse_s, l = 1, u = out_s), the same merge,
-with the gradient flowing through lse_s and out_s into the kernel's backward.
+state comes, in a program lowered for TPU or GPU, from the Pallas sink-readout
+kernel run without a sink (b0 = -inf): its (out_s, lse_s) is the state (m = lse_s,
+l = 1, u = out_s), the same merge, with the gradient flowing through lse_s and
+out_s into the kernel's backward.
 """
 
 from __future__ import annotations
@@ -74,14 +75,28 @@ def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxDr, *, sink_logit,
   return u_scaled / total_BxTxHq[..., None], m_all + jnp.log(total_BxTxHq)
 
 
-def kernel_partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
+def kernel_partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale, interpret=None):
   """`partial_sink_attention`'s state from the Pallas kernel run without a sink:
-  (m = lse, l = 1, u = out), gradients through lse and out (module docstring)."""
+  (m = lse, l = 1, u = out), gradients through lse and out (module docstring).
+
+  In a program lowered for TPU or GPU the kernel runs compiled; elsewhere (CPU) this is
+  `partial_sink_attention` itself, because a Pallas kernel in interpret mode cannot run
+  inside shard_map (its interpreter's loops drop the varying-axes types). `interpret=True`
+  runs the kernel interpreted everywhere, for tests outside shard_map."""
+  kernel = functools.partial(_kernel_state, scale=scale, interpret=interpret)
+  if interpret:
+    return kernel(q_BxTxHqxDr, mem_BxTxRxDr)
+  xla = functools.partial(partial_sink_attention, scale=scale)
+  return jax.lax.platform_dependent(q_BxTxHqxDr, mem_BxTxRxDr, tpu=kernel, cuda=kernel,
+                                    rocm=kernel, default=xla)
+
+
+def _kernel_state(q_BxTxHqxDr, mem_BxTxRxDr, *, scale, interpret):
   from kernels.sink_readout import sink_readout  # the Pallas backends load on first use
   B, T, Hq, Dr = q_BxTxHqxDr.shape
   out_BTxHqxDr, lse_BTxHq = sink_readout(
       q_BxTxHqxDr.reshape(B * T, Hq, Dr), mem_BxTxRxDr.reshape(B * T, -1, Dr),
-      sink_logit=-jnp.inf, scale=scale)
+      sink_logit=-jnp.inf, scale=scale, interpret=interpret)
   acc = _stat_dtype(q_BxTxHqxDr.dtype)
   lse_BxTxHq = lse_BTxHq.reshape(B, T, Hq).astype(acc)
   return (lse_BxTxHq, jnp.ones_like(lse_BxTxHq),
@@ -89,18 +104,23 @@ def kernel_partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
 
 
 def route_parallel_readout(q_BxTxHqxDh, mem_local_BxTxRsxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *,
-                           sink_logit, axis_name: str | None, kernel: bool = False):
+                           sink_logit, axis_name: str | None, kernel: bool | str = False):
   """Inside `shard_map`: the absorbed readout over this shard's routes R_s, merged.
 
   `mem_local_BxTxRsxDr` is x̂ = RMSNorm_m(x) of the local routes; q, W_K, W_V are
   the full (replicated) ones. Returns o_BxTxHqxDh and lse_BxTxHq, identical on
   every shard of `axis_name` and equal to `absorbed_readout` over all routes.
-  `kernel`: each shard's partial state from the Pallas kernel (module docstring).
+  `kernel`: each shard's partial state from the Pallas kernel (module docstring); with
+  `kernel="interpret"` the kernel interpreted on any platform (tests, outside shard_map).
   """
   Dh = q_BxTxHqxDh.shape[-1]
   q_abs_BxTxHqxDr = absorb_query(q_BxTxHqxDh, w_k_DrxHkvxDh).astype(mem_local_BxTxRsxDr.dtype)
-  partial = kernel_partial_sink_attention if kernel else partial_sink_attention
-  state = partial(q_abs_BxTxHqxDr, mem_local_BxTxRsxDr, scale=1.0 / math.sqrt(Dh))
+  scale = 1.0 / math.sqrt(Dh)
+  if kernel:
+    state = kernel_partial_sink_attention(q_abs_BxTxHqxDr, mem_local_BxTxRsxDr, scale=scale,
+                                          interpret=True if kernel == "interpret" else None)
+  else:
+    state = partial_sink_attention(q_abs_BxTxHqxDr, mem_local_BxTxRsxDr, scale=scale)
   u_BxTxHqxDr, lse_BxTxHq = merge_partial_attention(*state, sink_logit=sink_logit,
                                                    axis_name=axis_name)
   u_BxTxHqxDr = u_BxTxHqxDr.astype(q_abs_BxTxHqxDr.dtype)

@@ -98,3 +98,43 @@ def test_route_parallel_layer_equals_unsharded():
   assert_close(got, want)
   assert_nonzero(want, ["grad_h", "grad/router_w", "grad/tables/0", "grad/tables/1",
                         "grad/w_kv", "grad/w_q", "grad/w_o", "grad/conv_kernel"])
+
+
+def test_route_parallel_readout_with_the_kernel_equals_absorbed():
+  """readout="pallas" on a table axis: each shard's partial state from the sink-readout
+  kernel run without a sink (interpret mode, shards as a vmapped axis), merged with the
+  sink once: values and gradients of the unsharded absorbed readout."""
+  import functools
+
+  from lngram_jax.sharding import route_parallel_readout
+  q, mem, w_k, w_v, cot = _readout_problem()
+  b0 = sink_logit(R, 0.5)
+  want = _readout_grads(lambda *a: absorbed_readout(*a, sink_logit=b0, return_lse=True),
+                        q, mem, w_k, w_v, cot)
+  shards = 4   # 4 routes each
+
+  def readout(q, mem, w_k, w_v):
+    mem_SxBxTxRsxD = jnp.moveaxis(mem.reshape(B, T, shards, R // shards, D), 2, 0)
+    per_shard = functools.partial(route_parallel_readout, sink_logit=b0, axis_name="table",
+                                  kernel="interpret")
+    o, lse = jax.vmap(per_shard, in_axes=(None, 0, None, None), axis_name="table")(
+        q, mem_SxBxTxRsxD, w_k, w_v)
+    return o[0], lse[0]   # identical on every shard
+
+  got = _readout_grads(readout, q, mem, w_k, w_v, cot)
+  assert_close(got, want, rtol=1e-4)
+  assert_nonzero(want, ["grad_q", "grad_mem", "grad_w_k", "grad_w_v"])
+
+
+def test_route_parallel_layer_with_readout_pallas_runs_on_cpu():
+  """The layer with readout="pallas" on a mesh: on CPU its shards take the XLA partial
+  state (an interpreted kernel cannot run inside shard_map), equal to the unsharded
+  layer; the kernel's own state is checked above and lowers for TPU in the plan tests."""
+  import dataclasses
+  layer, inputs = reference_layer(), packed_inputs()
+  want = run(layer, inputs)
+  layer.config = dataclasses.replace(layer.config, readout="pallas")
+  sharded = shard_layer(layer, mesh=mesh(data=2, table=4),
+                        sharding=ShardingConfig(mode="route_parallel"))
+  assert sharded.config.readout == "pallas"
+  assert_close(run(sharded, inputs), want)
