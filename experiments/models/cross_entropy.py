@@ -53,12 +53,7 @@ def _logits(x_BxCxD, w, vocab_axis: int, acc):
 def token_nll_reference(x_BxTxD, w, targets_BxT, *, vocab_axis: int):
   """The twin: nll from the full logits [B, T, V] (float32 or wider)."""
   logits_BxTxV = _logits(x_BxTxD, w, vocab_axis, _acc(x_BxTxD.dtype))
-  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-  V = logits_BxTxV.shape[-1]
-  picked_BxT = jnp.take_along_axis(logits_BxTxV, jnp.clip(targets_BxT, 0, V - 1)[..., None],
-                                   axis=-1)[..., 0]
-  in_vocab = (targets_BxT >= 0) & (targets_BxT < V)
-  return lse_BxT - jnp.where(in_vocab, picked_BxT, 0)
+  return jax.nn.logsumexp(logits_BxTxV, axis=-1) - _target_logit(logits_BxTxV, targets_BxT)
 
 
 def default_chunk(batch: int, time: int, vocab: int, budget: int = LOGITS_BUDGET) -> int:
@@ -123,11 +118,12 @@ def _unchunk(a):
 
 
 def _target_logit(logits_BxCxV, targets_BxC):
+  """The target's logit, 0 for a target outside [0, V)."""
   V = logits_BxCxV.shape[-1]
   in_vocab = (targets_BxC >= 0) & (targets_BxC < V)
   picked = jnp.take_along_axis(logits_BxCxV, jnp.clip(targets_BxC, 0, V - 1)[..., None],
                                axis=-1)[..., 0]
-  return jnp.where(in_vocab, picked, 0), in_vocab
+  return jnp.where(in_vocab, picked, 0)
 
 
 def _forward(x_BxTxD, w, targets_BxT, vocab_axis, chunk):
@@ -137,7 +133,7 @@ def _forward(x_BxTxD, w, targets_BxT, vocab_axis, chunk):
     x_BxCxD, targets_BxC = xs
     logits_BxCxV = _logits(x_BxCxD, w, vocab_axis, acc)
     lse_BxC = jax.nn.logsumexp(logits_BxCxV, axis=-1)
-    picked_BxC, _ = _target_logit(logits_BxCxV, targets_BxC)
+    picked_BxC = _target_logit(logits_BxCxV, targets_BxC)
     return None, (lse_BxC - picked_BxC, lse_BxC)
 
   _, (nll, lse) = jax.lax.scan(step, None, (_chunks(x_BxTxD, chunk), _chunks(targets_BxT, chunk)))

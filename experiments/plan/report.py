@@ -94,18 +94,15 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   mesh = mesh_lib.make_train_mesh(sizes, devices=devices[:n])
   t0 = time.perf_counter()
   vl = None
-  if "qwen3vl" in config:
-    from experiments.plan import qwen3vl
-    run, mc, geo = qwen3vl.qwen3vl_abstract_run(config, mesh)
-  else:
-    run = abstract_run(config, mesh)
-  step = compile_for_target(run, tpu=bool(target))
+  run, mc, geo = _abstract_run(config, mesh)
+  step = compile_for_target(run, on_tpu=bool(target))
   seconds = time.perf_counter() - t0
   memory, cost, compiled, jaxpr = step["memory"], step["cost"], step["compiled"], step["jaxpr"]
   moved = collective_bytes(compiled.as_text()) if compiled is not None else _no_collectives()
   token_shards = math.prod(sizes[a] for a in ("data", "fsdp", "seq"))
   B, T = int(config.data.batch_size), int(config.data.seq_len)
   if "qwen3vl" in config:
+    from experiments.plan import qwen3vl
     counts = qwen3vl.qwen3vl_param_count(mc)
     parts = qwen3vl.qwen3vl_train_flops(mc, geo)
     B, T = geo["rows"], geo["seq_len"]
@@ -177,22 +174,30 @@ def _mesh_text(sizes: dict) -> str:
   return ",".join(f"{a}={s}" for a, s in sizes.items() if s > 1) or "one device"
 
 
-def compile_for_target(run, *, tpu: bool) -> dict:
+def _abstract_run(config, mesh):
+  """(AbstractRun, the Qwen3VLConfig, the step's geometry) of a config on `mesh`; the last
+  two None for an LM config."""
+  if "qwen3vl" in config:
+    from experiments.plan import qwen3vl
+    return qwen3vl.qwen3vl_abstract_run(config, mesh)
+  return abstract_run(config, mesh), None, None
+
+
+def compile_for_target(run, *, on_tpu: bool) -> dict:
   """The run's step compiled for its mesh's devices: {"compiled", "jaxpr", "memory"
   (argument, output, alias, temp, peak bytes per device), "cost", "oom", "error"}. A
   TPU compile refused for memory gives compiled None and the compiler's figures in
   `oom` (temp: what it needed, usable: what a device has)."""
-  from experiments.plan import tpu as tpu_lib
   traced = run.step.trace(run.state, run.rest, run.batch)
   lowered = traced.lower()
   try:
-    if tpu:
+    if on_tpu:
       with _no_compilation_cache():
         compiled = lowered.compile()
     else:
       compiled = lowered.compile(FAST_COMPILE)
   except Exception as e:
-    oom = tpu_lib.out_of_memory(e) if tpu else None
+    oom = tpu.out_of_memory(e) if on_tpu else None
     if oom is None:
       raise
     arguments = bytes_per_device(run.state) + bytes_per_device(run.batch)
@@ -248,12 +253,7 @@ def proxy_compile(config, sizes: dict, chip) -> dict | None:
   devices = tpu.topology_devices(topology)
   mesh = mesh_lib.make_train_mesh(sizes, devices=devices)
   t0 = time.perf_counter()
-  if "qwen3vl" in config:
-    from experiments.plan import qwen3vl
-    run = qwen3vl.qwen3vl_abstract_run(config, mesh)[0]
-  else:
-    run = abstract_run(config, mesh)
-  step = compile_for_target(run, tpu=True)
+  step = compile_for_target(_abstract_run(config, mesh)[0], on_tpu=True)
   return {"topology": topology, "memory": step["memory"], "oom": step["oom"],
           "usable": tpu.usable_hbm(devices), "compile_s": time.perf_counter() - t0,
           "same_chip": generation != GPU_PROXY_GENERATION or chip.name.startswith("TPU")}

@@ -120,8 +120,7 @@ def causal_attention(q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, segment_ids_BxT=No
   if implementation is not None and not _fits(implementation, T, Dh):
     raise ValueError(f"causal_attention: implementation={implementation!r} does not take "
                      f"T={T}, Dh={Dh}.")
-  float64 = q_BxTxHqxDh.dtype == jax.numpy.float64
-
+  float64 = q_BxTxHqxDh.dtype == jnp.float64
   seg_BxT = segments_with_padding((B, T), segment_ids_BxT, valid_BxT)
 
   def branch(impl: str, native: bool):

@@ -112,8 +112,8 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
       blocks = _blocks(impl, None, R, mem_BTxRxDr.shape[2])
     native = platform in NATIVE_PLATFORMS[impl]
     run_interpreted = (not native) if interpret is None else bool(interpret)
-    return functools.partial(_sink_readout, scale=scale, impl=impl, blocks=blocks,
-                             interpret=run_interpreted, backward=backward)
+    return lambda q, mem, b0: _sink_readout(q, mem, b0, scale, impl, blocks, run_interpreted,
+                                            backward)
 
   # One branch object per kernel build: platform_dependent joins the platforms sharing it.
   if implementation is None:   # the kernel of the platform the program is lowered for
@@ -159,12 +159,8 @@ def _kernel_forward(q, mem, sink_logit, scale, impl, blocks, interpret):
                             interpret=interpret)
 
 
-def _sink_readout(q, mem, sink_logit, *, scale, impl, blocks, interpret, backward):
-  return _sink_readout_vjp(q, mem, sink_logit, scale, impl, blocks, interpret, backward)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _sink_readout_vjp(q, mem, sink_logit, scale, impl, blocks, interpret, backward):
+def _sink_readout(q, mem, sink_logit, scale, impl, blocks, interpret, backward):
   del backward
   return _kernel_forward(q, mem, sink_logit, scale, impl, blocks, interpret)
 
@@ -193,4 +189,4 @@ def _sink_readout_bwd(scale, impl, blocks, interpret, backward, residuals, cotan
   return dq, dmem, sink_logit_cotangent(sink_logit, out, lse, dout, dlse)
 
 
-_sink_readout_vjp.defvjp(_sink_readout_fwd, _sink_readout_bwd)
+_sink_readout.defvjp(_sink_readout_fwd, _sink_readout_bwd)

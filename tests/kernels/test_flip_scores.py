@@ -14,13 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+from jax.sharding import use_abstract_mesh
+from lowering import H100
 
 from kernels.flip_scores import flip_scores_reference
 from kernels.flip_scores import triton_gpu as flip_kernel
 
-H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
 FLIPS = (0, 1, 3, 5)
 
 

@@ -12,25 +12,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+from lowering import KERNEL_CALL, lower_text
 
 from lngram_jax import LngramConfig, LngramV2, core
 from lngram_jax.fused import FusedSpec, fused_readout
 
-H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
 CONFIG = LngramConfig(d_model=2048, routes=23, bits=4, orders=(2, 3), mem_dim=256, q_heads=16,
                       kv_heads=8, head_dim=256, sink=False, readout="pallas")
 B, T = 1, 16
-_KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 _MINUS_INF = "0xFF800000"  # float32 -inf as the MLIR text prints it
-
-
-def _lower(fn, avals, platform):
-  if platform == "cuda":
-    with use_abstract_mesh(H100):  # the target GPU is read from the mesh at trace time
-      return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-  return jax.jit(fn).trace(*avals).lower(lowering_platforms=("tpu",)).as_text()
 
 
 def _param_avals():
@@ -64,8 +54,8 @@ def test_layer_readouts_without_sink_lower(name):
     platform = "cuda" if name == "triton" else "tpu"
   avals = (_param_avals(), jax.ShapeDtypeStruct((B, T, CONFIG.d_model), jnp.float32))
   loss = functools.partial(_loss, read)
-  forward_text = _lower(loss, avals, platform)
-  backward_text = _lower(jax.grad(loss, argnums=(0, 1)), avals, platform)
-  assert forward_text.count(_KERNEL_CALL[platform]) == 1
-  assert backward_text.count(_KERNEL_CALL[platform]) == 2  # forward + backward kernels
+  forward_text = lower_text(loss, avals, platform)
+  backward_text = lower_text(jax.grad(loss, argnums=(0, 1)), avals, platform)
+  assert forward_text.count(KERNEL_CALL[platform]) == 1
+  assert backward_text.count(KERNEL_CALL[platform]) == 2  # forward + backward kernels
   assert _MINUS_INF in forward_text

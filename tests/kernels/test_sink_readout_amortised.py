@@ -16,13 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+from jax.sharding import use_abstract_mesh
+from lowering import H100
 
 from kernels.sink_readout import BlockSizes, sink_readout, sink_readout_reference, triton_amortised
 from kernels.sink_readout.common import HOPPER_SMEM_BYTES, token_block_forward_smem_bytes
 
-H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
 SHAPE = (5, 3, 150, 24)  # BT, Hq, R, Dr
 SCALE = 0.25
 BLOCKS = BlockSizes(block_n=2, block_r=64, block_n_bwd=4, block_r_bwd=16, layout="token_block")

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+from jax.sharding import use_abstract_mesh
+from lowering import H100
 
 from kernels.sink_readout import BlockSizes, fused_reference, fused_triton, gather_rows
 
-H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
 N, R, DM, HQ = 7, 20, 8, 4
 VS = (40, 90)  # rows of each table
 SCALE, EPS = 0.3, 1e-6

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+from lowering import KERNEL_CALL, lower_text
 
 from kernels.sink_readout import (
   BlockSizes,
@@ -25,9 +25,6 @@ from kernels.sink_readout import (
   sink_readout_reference,
   triton_gpu,
 )
-
-H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
 
 # One tiny shape (N, Hq, R, D) for every interpret case, so that the reference
 # compiles once per dtype. Per implementation, block sizes that leave a partial
@@ -228,16 +225,6 @@ def _loss(implementation, block_sizes, q, mem, sink_logit):
   return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse)
 
 
-def _lower(fn, avals, platform):
-  if platform == "cuda":
-    # Trace inside the abstract mesh too: jax 0.11 reads the target GPU from the
-    # mesh captured at trace time.
-    with use_abstract_mesh(H100):
-      return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-  return jax.jit(fn).trace(*avals).lower(lowering_platforms=("tpu",)).as_text()
-
-
-_KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 _LOWERING_CASES = {
     # default blocks: block_r 64 forward / 32 backward, 4 warps
     "triton_r121_d256": ("triton", "cuda", (100, 16, 121, 256), None),
@@ -258,10 +245,10 @@ def test_forward_and_backward_lower(case, dtype):
   avals = (jax.ShapeDtypeStruct((N, Hq, D), dtype), jax.ShapeDtypeStruct((N, R, D), dtype),
            jax.ShapeDtypeStruct((), jnp.float32))
   loss = functools.partial(_loss, implementation, blocks)
-  forward_text = _lower(loss, avals, platform)
-  backward_text = _lower(jax.grad(loss, argnums=(0, 1, 2)), avals, platform)
-  assert forward_text.count(_KERNEL_CALL[platform]) == 1
-  assert backward_text.count(_KERNEL_CALL[platform]) == 2  # forward + backward kernels
+  forward_text = lower_text(loss, avals, platform)
+  backward_text = lower_text(jax.grad(loss, argnums=(0, 1, 2)), avals, platform)
+  assert forward_text.count(KERNEL_CALL[platform]) == 1
+  assert backward_text.count(KERNEL_CALL[platform]) == 2  # forward + backward kernels
 
 
 def test_lowering_rejects_what_interpret_accepts():
@@ -277,9 +264,9 @@ def test_lowering_rejects_what_interpret_accepts():
     got = fwd(q, mem, interpret=True)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="power of 2"):
-    _lower(triton_fwd, (q, mem), "cuda")
+    lower_text(triton_fwd, (q, mem), "cuda")
   with pytest.raises(ValueError, match="divisible by 8 and 128"):
-    _lower(mosaic_fwd, (q, mem), "tpu")
+    lower_text(mosaic_fwd, (q, mem), "tpu")
 
 
 # --- on real hardware ------------------------------------------------------------

@@ -12,14 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+from jax.sharding import use_abstract_mesh
+from lowering import H100
 
 from kernels.sink_readout import BlockSizes
 from lngram_jax import LngramConfig, LngramParams
 from lngram_jax.fused import FusedSpec, fused_readout, unfused_readout
 
-H100 = AbstractMesh((), (), abstract_device=AbstractDevice(
-    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132))
 B, T, R, M, DM, HQ, HKV, DH = 2, 5, 20, 2, 8, 4, 2, 4
 ORDERS = (2, 3)
 NAMES = ("o", "lse", "q", "logits", "params", "sink_logit")
