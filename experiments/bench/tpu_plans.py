@@ -60,6 +60,12 @@ RECIPES = (
            MOE06B_VOCAB, purpose="Table 4 MoE 0.6B + Lngram v2, 32 rows x 4,096"),
     Recipe("moe06b_v1_v5p4", f"{CONFIGS}/moe06b_lngram_v1.py", "data=4", "v5p:2x2x1",
            MOE06B_VOCAB, purpose="Table 4 MoE 0.6B + Lngram v1, 32 rows x 4,096"),
+    Recipe("moe06b_v2_data8_v5p8", f"{CONFIGS}/moe06b_lngram_v2.py", "data=8", "v5p:2x2x2",
+           MOE06B_VOCAB, purpose="Table 4 MoE 0.6B + Lngram v2 on 8 chips, every chip "
+           "every expert"),
+    Recipe("moe06b_v2_expert8_v5p8", f"{CONFIGS}/moe06b_lngram_v2.py", "expert=8",
+           "v5p:2x2x2", MOE06B_VOCAB, purpose="the same, one expert per chip: tokens to "
+           "their experts by all-to-all (dropless)"),
     Recipe("keye2b_8k_v5p8", f"{CONFIGS}/hf_lngram.py:keye2b", "fsdp=8", "v5p:2x2x2",
            (*KEYE2B_LONG, ("data.seq_len", "8192")),
            purpose="App. B Keye2B (Qwen3-1.7B widths) + Lngram, 8 rows x 8,192"),
@@ -130,8 +136,9 @@ def table(records: list[dict]) -> str:
   order = {r.name: i for i, r in enumerate(RECIPES)}
   records = sorted(records, key=lambda rec: order.get(rec["name"], len(order)))
   lines = ["| recipe | target, mesh | rows × tokens | peak GiB/chip [XLA:TPU] | usable GiB | "
-           "fits | arguments + temporaries GiB | compile s | step s (MFU 0.4) |",
-           "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+           "fits | arguments + temporaries GiB | all-to-all MiB/chip | compile s | "
+           "step s (MFU 0.4) |",
+           "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
   for rec in records:
     m = rec["memory"]
     at_least = "≥ " if rec["lower_bound"] else ""
@@ -139,7 +146,8 @@ def table(records: list[dict]) -> str:
         f"| {rec['name']}: {rec['purpose']} | {rec['target']}, {rec['mesh']} | "
         f"{rec['batch']} × {rec['seq_len']:,} | {at_least}{_gib(rec['peak_bytes'])} | "
         f"{_gib(rec['usable_bytes'])} | {'FITS' if rec['fits'] else 'DOES NOT FIT'} | "
-        f"{_gib(m['argument'])} + {_gib(m['temp'])} | {rec['compile_s']:.0f} | "
+        f"{_gib(m['argument'])} + {_gib(m['temp'])} | "
+        f"{rec['collectives'].get('all-to-all', 0.0) / 2**20:,.1f} | {rec['compile_s']:.0f} | "
         f"{rec['step_s']:.2f} |")
   return "\n".join(lines)
 

@@ -53,7 +53,7 @@ def moe(**changes) -> dict:
   return dict(n_experts=EXPERTS, top_k=TOP_K, expert_ffn_dim=EXPERT_DIM,
               n_shared_experts=SHARED, shared_ffn_dim=EXPERT_DIM, norm_topk_prob=False,
               router="softmax", balance_coef=0.003, bias_update_rate=0.0,
-              dispatch="grouped") | changes
+              dispatch="grouped", capacity_factor=0.0) | changes
 
 
 def recipe(arg: str, name: str, known: tuple[str, ...] = ()):

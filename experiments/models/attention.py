@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments.models.layers import RMSNorm, mrope_axes, normal, rope, rope_inv_freq
+from experiments.models.layout import BATCH_AXES
 from kernels.attention.api import causal_attention
 
 
@@ -172,7 +173,7 @@ class Attention(nnx.Module):
     else:
       o_BxTxHqxDh = causal_attention(
           q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, segment_ids, valid, mesh=mesh,
-          implementation="xla" if self.implementation == "xla" else None)
+          batch_axes=BATCH_AXES, implementation="xla" if self.implementation == "xla" else None)
     y_BxTxD = self.project_out(o_BxTxHqxDh)
     if not (return_kv or return_probs):
       return y_BxTxD

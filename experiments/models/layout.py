@@ -3,7 +3,7 @@
 The mesh is passed explicitly: `BranchContext(mesh=...)` (experiments/models/
 branches.py) makes every Lngram v2 branch of a forward run its sharded form
 (`lngram_jax.sharding`, route-parallel: tables split by rows over `table`, the
-batch over `data` × `fsdp`, time over `seq`); without one, or on a one-device
+batch over `data` × `fsdp` × `expert`, time over `seq`); without one, or on a one-device
 mesh, branches run their ordinary forward. Everything else in the model is
 partitioned by XLA from the shardings of its parameters and batch.
 
@@ -20,17 +20,25 @@ from collections.abc import Callable
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from experiments.models.moe_parallel import check_expert_axis
 from lngram_jax.sharding import ShardingConfig
 from lngram_jax.sharding.mesh import layer_param_spec, rows_spec
 
-# The trainer's mesh axes (experiments/trainer/placement.py AXES) as the layer names them.
-BATCH_AXES = ("data", "fsdp")
+# The trainer's mesh axes (experiments/trainer/placement.py AXES) as the layer names them:
+# the batch's rows over data, fsdp and expert (experiments/models/moe_parallel.py).
+BATCH_AXES = ("data", "fsdp", "expert")
 LNGRAM_SHARDING = ShardingConfig(mode="route_parallel", data_axis=BATCH_AXES,
                                  seq_axis="seq", table_axis="table")
 
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")   # MoEFFN's [E, ., .] weights
 Rule = Callable[[tuple[str, ...], tuple[int, ...], Mesh], P | None]
+
+
+def check_expert_axis(n_experts: int, mesh) -> None:
+  """Refuses an `expert` axis that does not divide the experts."""
+  n = int(dict(mesh.shape).get("expert", 1))
+  if n > 1 and n_experts % n:
+    raise ValueError(f"n_experts={n_experts} must be a multiple of mesh.expert={n} "
+                     "(each device holds whole experts).")
 
 
 def sharded(mesh: Mesh | None) -> Mesh | None:

@@ -11,7 +11,7 @@ arXiv 2401.06066; Qwen3-MoE's router):
 
 Ties in top_k go to the lowest expert index (`jax.lax.top_k` keeps index order
 among equal values; the reference's stable argsort does the same). No token is
-ever dropped (no capacity). Shared experts (DeepSeek-V2) are one SwiGLU of width
+dropped by default (no capacity). Shared experts (DeepSeek-V2) are one SwiGLU of width
 n_shared_experts · shared_ffn_dim, always on.
 
 Balance loss (Switch, Fedus et al., arXiv 2101.03961, in DeepSeek's top-k form),
@@ -33,12 +33,15 @@ none) and whose optimiser update the train step replaces by this rule
 insertion carry it like every parameter.
 
 Dispatch: "grouped" sorts the N·k token slots by expert, runs the experts as
-three `jax.lax.ragged_dot` grouped matmuls over the sorted slots and scatters
-the gated outputs back to their tokens; "reference" is the per-token loop of
+three grouped matmuls over the sorted slots (kernels/grouped_matmul: megablox
+in a TPU program, XLA's ragged_dot elsewhere) and adds the gated outputs back
+into their tokens; "reference" is the per-token loop of
 experiments/models/moe_reference.py (the test twin). On a training mesh of more
 than one device the grouped form runs under shard_map, each device on its own
-block of tokens and, with an `expert` axis, its E / n_expert experts
-(experiments/models/moe_parallel.py).
+tokens; with an `expert` axis the slots travel by all-to-all to the device
+holding their expert and back (expert parallelism,
+experiments/models/moe_parallel.py). No slot is dropped unless a
+capacity_factor is set.
 
 Shape legend: experiments/models/__init__.py; N tokens (B·T), E experts, K top_k,
 H expert width, S = N·K token slots. Layout and choices: DESIGN.md §6.7.
@@ -52,8 +55,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models import moe_reference
+from experiments.models import moe_parallel, moe_reference
 from experiments.models.layers import SwiGLU, normal
+from kernels.grouped_matmul import grouped_matmul
 from lngram_jax import dataclass_json
 
 ROUTERS = ("softmax",)
@@ -72,8 +76,10 @@ class MoEConfig:
   norm_topk_prob: renormalise the K gates to sum to 1 (Qwen3-MoE).
   router: "softmax". balance_coef: weight of the balance loss in the LM loss.
   bias_update_rate: γ of the auxiliary-loss-free bias (0 = off, no bias).
-  dispatch: "grouped" (ragged_dot) or "reference" (per-token loop).
-  No capacity: every token reaches its K experts.
+  dispatch: "grouped" (grouped matmuls) or "reference" (per-token loop).
+  capacity_factor: 0 (dropless: every token reaches its K experts) or c > 0: on
+  an `expert` axis each device receives at most ceil(c · its slots) rows and
+  drops the rest, counted per step (experiments/models/moe_parallel.py).
   """
 
   d_model: int
@@ -87,6 +93,7 @@ class MoEConfig:
   balance_coef: float = 0.01
   bias_update_rate: float = 0.0
   dispatch: str = "grouped"
+  capacity_factor: float = 0.0
 
   def __post_init__(self):
     for name in ("d_model", "n_experts", "top_k", "expert_ffn_dim"):
@@ -95,7 +102,7 @@ class MoEConfig:
     dataclass_json.check_int_at_least(_OWNER, "shared_ffn_dim", self.shared_ffn_dim, 0,
                                       "(0 = expert_ffn_dim)")
     dataclass_json.check_bool(_OWNER, "norm_topk_prob", self.norm_topk_prob)
-    for name in ("balance_coef", "bias_update_rate"):
+    for name in ("balance_coef", "bias_update_rate", "capacity_factor"):
       dataclass_json.check_finite(_OWNER, name, getattr(self, name), at_least=0.0)
     if self.top_k > self.n_experts:
       raise ValueError(f"{_OWNER}: top_k={self.top_k} must be <= n_experts={self.n_experts}.")
@@ -158,7 +165,12 @@ def route(x_NxD, router_DxE, bias_E=None, *, top_k: int, norm_topk_prob: bool):
   scores_NxE = p_NxE if bias_E is None else p_NxE + jax.lax.stop_gradient(bias_E).astype(ct)
   _, experts_NxK = jax.lax.top_k(jax.lax.stop_gradient(scores_NxE), top_k)
   experts_NxK = experts_NxK.astype(jnp.int32)
-  gates_NxK = jnp.take_along_axis(p_NxE, experts_NxK, axis=-1)
+  # p at the chosen experts, read through a one-hot mask and a sum (exact: one product by
+  # 1, the rest by 0; elementwise, so no matmul precision applies): the TPU compiler
+  # bills take_along_axis's gather and its scatter transpose at gigabytes per layer
+  # (4 GiB forward at 8,192 tokens; DESIGN.md §6.7).
+  pick_NxKxE = jax.nn.one_hot(experts_NxK, p_NxE.shape[-1], dtype=ct)
+  gates_NxK = jnp.sum(p_NxE[:, None, :] * pick_NxKxE, axis=-1)
   if norm_topk_prob:
     gates_NxK = gates_NxK / jnp.sum(gates_NxK, axis=-1, keepdims=True)
   return p_NxE, experts_NxK, gates_NxK
@@ -185,33 +197,32 @@ def bias_update(bias_E, load_E, rate: float):
   return (bias_E + rate * jnp.sign(1.0 / E - load_E)).astype(bias_E.dtype)
 
 
-def grouped_experts(x_NxD, experts_NxK, gates_NxK, w_gate_ExDxH, w_up_ExDxH, w_down_ExHxD,
-                    *, first_expert: int | jax.Array = 0):
-  """Σ_j gates[n, j] · SwiGLU_{experts[n, j]}(x_n): [N, D] in x's dtype.
+def expert_swiglu(rows_RxD, sizes_L, w_gate_LxDxH, w_up_LxDxH, w_down_LxHxD):
+  """SwiGLU_l of each row, rows sorted by expert l (sizes_L rows each; rows past them
+  come out zero): three grouped matmuls (kernels/grouped_matmul, chosen by the
+  platform the program is lowered for). [R, D] in the rows' dtype."""
+  h_RxH = (jax.nn.silu(grouped_matmul(rows_RxD, w_gate_LxDxH, sizes_L))
+           * grouped_matmul(rows_RxD, w_up_LxDxH, sizes_L))
+  return grouped_matmul(h_RxH, w_down_LxHxD, sizes_L)
 
-  The N·K slots are sorted by expert (stable) and run as three ragged_dot
-  grouped matmuls, then scattered back with their gates. The weights may hold
-  experts first_expert .. first_expert + E_local − 1 only (expert parallelism):
-  slots of other experts sort last, past every group, where ragged_dot writes
-  zeros, and get gate 0.
+
+def grouped_experts(x_NxD, experts_NxK, gates_NxK, w_gate_ExDxH, w_up_ExDxH, w_down_ExHxD):
+  """Σ_j gates[n, j] · SwiGLU_{experts[n, j]}(x_n) on one device: [N, D] in x's dtype.
+
+  The N·K slots are sorted by expert (stable), run as grouped matmuls
+  (`expert_swiglu`) and added back into their tokens with their gates.
   """
   N, D = x_NxD.shape
   K = experts_NxK.shape[-1]
-  E_local = w_gate_ExDxH.shape[0]
-  local_S = experts_NxK.reshape(N * K) - first_expert
-  here_S = (local_S >= 0) & (local_S < E_local)
-  group_S = jnp.where(here_S, local_S, E_local)
-  order_S = jnp.argsort(group_S, stable=True)
-  sizes_E = jnp.bincount(group_S, length=E_local + 1)[:E_local].astype(jnp.int32)
+  E = w_gate_ExDxH.shape[0]
+  expert_S = experts_NxK.reshape(N * K)
+  order_S = jnp.argsort(expert_S, stable=True)
+  sizes_E = jnp.bincount(expert_S, length=E).astype(jnp.int32)
   token_S = order_S // K
-  xs_SxD = x_NxD[token_S]
   dtype = x_NxD.dtype
-  h_SxH = (jax.nn.silu(jax.lax.ragged_dot(xs_SxD, w_gate_ExDxH.astype(dtype), sizes_E))
-           * jax.lax.ragged_dot(xs_SxD, w_up_ExDxH.astype(dtype), sizes_E))
-  ys_SxD = jax.lax.ragged_dot(h_SxH, w_down_ExHxD.astype(dtype), sizes_E)
-  gates_S = jnp.where(here_S, gates_NxK.reshape(N * K), 0)[order_S]
-  ys_SxD = ys_SxD * gates_S[:, None].astype(dtype)
-  return jnp.zeros((N, D), dtype).at[token_S].add(ys_SxD)
+  ys_SxD = expert_swiglu(x_NxD[token_S], sizes_E, w_gate_ExDxH, w_up_ExDxH, w_down_ExHxD)
+  gates_S = gates_NxK.reshape(N * K)[order_S].astype(dtype)
+  return jnp.zeros((N, D), dtype).at[token_S].add(ys_SxD * gates_S[:, None])
 
 
 # --- the module -----------------------------------------------------------------------------
@@ -257,13 +268,14 @@ class MoEFFN(nnx.Module):
     p_NxE, experts_NxK, gates_NxK = route(x_NxD, self.router[...], bias_E, top_k=c.top_k,
                                           norm_topk_prob=c.norm_topk_prob)
     weights = (self.w_gate[...], self.w_up[...], self.w_down[...])
+    dropped = None
     if c.dispatch == "reference":
       y_NxD = moe_reference.experts_loop(x_NxD, experts_NxK, gates_NxK, *weights)
-    elif _expert_parallel(mesh):
-      from experiments.models import moe_parallel
-      y_NxD = moe_parallel.expert_parallel_experts(
-          grouped_experts, mesh, x_BxTxD, experts_NxK.reshape(B, T, -1), gates_NxK.reshape(B, T, -1),
-          *weights).reshape(B * T, D)
+    elif _on_mesh(mesh):
+      y_BxTxD, dropped = moe_parallel.expert_parallel_experts(
+          expert_swiglu, grouped_experts, mesh, x_BxTxD, experts_NxK.reshape(B, T, -1),
+          gates_NxK.reshape(B, T, -1), *weights, capacity_factor=c.capacity_factor)
+      y_NxD = y_BxTxD.reshape(B * T, D)
     else:
       y_NxD = grouped_experts(x_NxD, experts_NxK, gates_NxK, *weights)
     y_BxTxD = y_NxD.reshape(B, T, D).astype(self.dtype)
@@ -271,10 +283,13 @@ class MoEFFN(nnx.Module):
       y_BxTxD = y_BxTxD + self.shared(x_BxTxD)
     valid_N = None if valid_BxT is None else valid_BxT.reshape(B * T)
     balance_loss, load_E = balance_stats(p_NxE, experts_NxK, valid_N)
-    return y_BxTxD, {"balance_loss": balance_loss.astype(jnp.float32), "expert_load": load_E}
+    aux = {"balance_loss": balance_loss.astype(jnp.float32), "expert_load": load_E}
+    if c.capacity_factor > 0:
+      aux["dropped"] = jnp.zeros((), jnp.int32) if dropped is None else dropped
+    return y_BxTxD, aux
 
 
-def _expert_parallel(mesh) -> bool:
+def _on_mesh(mesh) -> bool:
   # On any mesh of more than one device, also with expert = 1: left to XLA, the sort
   # and gathers of the grouped dispatch become one global sort of the whole batch's
   # slots on every device; under shard_map each device sorts its own tokens' slots.

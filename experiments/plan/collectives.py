@@ -3,7 +3,11 @@
 Read from the compiled HLO text (`compiled.as_text()`), per device, per kind:
 an all-gather counts the piece the device contributes (its result / the group
 size), a reduce-scatter its whole input (result × group size), an all-reduce,
-all-to-all and collective-permute their buffer. Asynchronous pairs count once
+all-to-all and collective-permute their buffer. A ragged all-to-all (expert
+parallelism) moves a number of rows known only at run time: it counts the
+smaller of its operand and its result, the rows it moves when every device
+receives as many as it sends (its larger buffer is the worst case of uneven
+loads), under "all-to-all". Asynchronous pairs count once
 (`-start`; `-done` moves nothing new). Collectives over singleton groups (a mesh
 axis of size 1) move nothing and are skipped. A collective inside a `while` body
 counts once per iteration when the trip count is known: XLA's `known_trip_count`
@@ -21,8 +25,9 @@ import re
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
-_INSTR = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>" + "|".join(OPS)
-                    + r")(?P<start>-start)?\(")
+_INSTR = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>ragged-all-to-all|"
+                    + "|".join(OPS) + r")(?P<start>-start)?\((?P<operand>%?[\w.\-]+)")
+_DEFINES = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s")
 _ARRAY = re.compile(r"\b(pred|[su](?:4|8|16|32|64)|bf16|f16|f32|f64|f8e4m3fn|f8e5m2)"
                     r"\[([0-9,]*)\]")
 _BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2,
@@ -55,8 +60,14 @@ def _group_size(line: str) -> int:
   return 1
 
 
-def line_bytes(line: str) -> tuple[str, float] | None:
-  """(kind, bytes per device) of one HLO instruction line, None if it moves nothing."""
+def _array_bytes(shape: str) -> float:
+  return sum(_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
+             for dt, dims in _ARRAY.findall(shape))
+
+
+def line_bytes(line: str, shapes: dict[str, str] | None = None) -> tuple[str, float] | None:
+  """(kind, bytes per device) of one HLO instruction line, None if it moves nothing.
+  `shapes`: {instruction name: shape} of the module (a ragged all-to-all's operand)."""
   line = re.sub(r"/\*index=\d+\*/", "", line)
   m = _INSTR.search(line)
   if m is None or _SINGLETONS.search(line):
@@ -68,9 +79,13 @@ def line_bytes(line: str) -> tuple[str, float] | None:
   if m.group("start") and shape.startswith("("):
     # An async start returns (operands, results[, context]): count the results half.
     shape = _async_results(shape)
-  nbytes = sum(_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
-               for dt, dims in _ARRAY.findall(shape))
+  nbytes = _array_bytes(shape)
   group = _group_size(line)
+  if op == "ragged-all-to-all":
+    operand = (shapes or {}).get(m.group("operand").lstrip("%"))
+    if operand is not None:
+      nbytes = min(nbytes, _array_bytes(operand))
+    op = "all-to-all"
   if group <= 1 and op != "collective-permute":
     return None
   if op == "all-gather":       # the result holds every device's piece
@@ -130,6 +145,8 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
   """{kind: bytes per device per run} over `OPS`, plus "unknown_trips": how many while
   loops holding collectives had no known trip count (counted once)."""
   comps, entry = _computations(hlo_text)
+  shapes = {m.group("name"): m.group("shape") for line in hlo_text.splitlines()
+            if (m := _DEFINES.match(line))}
   memo: dict[str, dict[str, float]] = {}
   unknown = [0]
 
@@ -138,7 +155,7 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
       return memo[name]
     out = dict.fromkeys(OPS, 0.0)
     for line in comps.get(name, ()):
-      found = line_bytes(line)
+      found = line_bytes(line, shapes)
       if found:
         out[found[0]] += found[1]
       called: list[tuple[str, int]] = []
@@ -162,7 +179,7 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
   if entry is None:   # not a module: read the lines as they are
     out = dict.fromkeys(OPS, 0.0)
     for line in hlo_text.splitlines():
-      if found := line_bytes(line):
+      if found := line_bytes(line, shapes):
         out[found[0]] += found[1]
     return {**out, "unknown_trips": 0}
   return {**total(entry, frozenset()), "unknown_trips": unknown[0]}

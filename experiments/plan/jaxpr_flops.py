@@ -9,20 +9,32 @@ whole program, global shapes:
   shard_map   the body (per-shard shapes) times the shards of its manual axes (work
               a shard repeats, e.g. on an axis its inputs are not split over, counts
               on every shard: the work the mesh does, not the model's)
-  cond        the costliest branch
+  cond        the costliest branch (a platform choice: its XLA twin, since a kernel
+              counts nothing)
+  pallas_call nothing: its body is one tile's work, run a data-dependent number of
+              times
   while       the body once (its trip count is not in the jaxpr)
   any other   primitive holding a jaxpr (jit, remat, custom_vjp/jvp): its body once
 Only matmuls count (elementwise work is left out), so this is the program's view of
 experiments/plan/accounting.py's formula.
+
+A ragged dot traced under a name scope `routed_rows_<n>` counts n of its ragged
+dimension's rows (at most all): expert parallelism's receive buffer holds the
+worst case of uneven loads (every device's every slot), while the rows that
+arrive when the loads balance, the device's own slot count, are what the
+grouped matmul computes (experiments/models/moe_parallel.py names the scope).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 from jax.extend import core
 
 _RAGGED = ("ragged_dot", "ragged_dot_general")
+_ROWS_SCOPE = re.compile(r"\brouted_rows_(\d+)\b")
 
 
 def _shape(var) -> tuple[int, ...]:
@@ -36,17 +48,22 @@ def _dot_flops(eqn) -> float:
   return 2.0 * math.prod(lhs) * math.prod(free_rhs)
 
 
-def _ragged_flops(eqn) -> float:
+def _ragged_flops(eqn, scope: str) -> float:
   # Each lhs entry meets the N outputs of its one group: N = rhs size / (groups · K).
   # Forward lhs [M, K], rhs [G, K, N]; the lhs cotangent [M, N] with [G, K, N]
   # (contracting N); the rhs cotangent lhs [M, K] with [M, N] grouped along M (G none).
   lhs, rhs = _shape(eqn.invars[0]), _shape(eqn.invars[1])
   numbers = eqn.params.get("ragged_dot_dimension_numbers")
+  ragged = numbers.lhs_ragged_dimensions[0] if numbers is not None else 0
+  rows = lhs[ragged]
+  if m := _ROWS_SCOPE.search(scope):
+    rows = min(rows, int(m.group(1)))
+  lhs_size = math.prod(lhs) // max(lhs[ragged], 1) * rows
   if numbers is None:   # plain ragged_dot: lhs [M, K], rhs [G, K, N]
-    return 2.0 * math.prod(lhs) * rhs[-1]
+    return 2.0 * lhs_size * rhs[-1]
   (_, rhs_contract), (_, rhs_batch) = numbers.dot_dimension_numbers
   shared = set(rhs_contract) | set(numbers.rhs_group_dimensions) | set(rhs_batch)
-  return 2.0 * math.prod(lhs) * math.prod(n for i, n in enumerate(rhs) if i not in shared)
+  return 2.0 * lhs_size * math.prod(n for i, n in enumerate(rhs) if i not in shared)
 
 
 def _jaxprs(value):
@@ -69,27 +86,32 @@ def _shards(eqn) -> int:
   return math.prod(int(shape.get(a, 1)) for a in axes)
 
 
-def jaxpr_flops(jaxpr) -> float:
-  """Matmul FLOPs of `jaxpr` (a Jaxpr or ClosedJaxpr), module docstring."""
+def jaxpr_flops(jaxpr, scope: str = "") -> float:
+  """Matmul FLOPs of `jaxpr` (a Jaxpr or ClosedJaxpr), module docstring. `scope`: the
+  name stack of the equation holding it (a branch's jaxpr starts a fresh one)."""
   if isinstance(jaxpr, core.ClosedJaxpr):
     jaxpr = jaxpr.jaxpr
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
+    where = f"{scope}/{eqn.source_info.name_stack}"
+    inner = functools.partial(jaxpr_flops, scope=where)
     if name == "dot_general":
       total += _dot_flops(eqn)
     elif name in _RAGGED:
-      total += _ragged_flops(eqn)
+      total += _ragged_flops(eqn, where)
     elif name == "scan":
-      total += eqn.params["length"] * jaxpr_flops(eqn.params["jaxpr"])
+      total += eqn.params["length"] * inner(eqn.params["jaxpr"])
     elif name == "shard_map":
-      total += _shards(eqn) * sum(jaxpr_flops(j) for j in _jaxprs(eqn.params["jaxpr"]))
+      total += _shards(eqn) * sum(inner(j) for j in _jaxprs(eqn.params["jaxpr"]))
     elif name == "cond":
-      total += max((jaxpr_flops(j) for j in _jaxprs(eqn.params["branches"])), default=0.0)
+      total += max((inner(j) for j in _jaxprs(eqn.params["branches"])), default=0.0)
     elif name == "while":
-      total += jaxpr_flops(eqn.params["body_jaxpr"])
+      total += inner(eqn.params["body_jaxpr"])
+    elif name == "pallas_call":
+      continue
     else:
       for value in eqn.params.values():
-        for inner in _jaxprs(value):
-          total += jaxpr_flops(inner)
+        for sub in _jaxprs(value):
+          total += inner(sub)
   return total

@@ -38,6 +38,7 @@ def refuse_mesh(config, block: dict) -> dict[str, int]:
   device is set up: the checks run on a `jax.sharding.AbstractMesh`)."""
   from jax.sharding import AbstractMesh
 
+  from experiments.models.layout import check_expert_axis
   from experiments.plan.abstract import model_config
   bad = {a: s for a, s in block.items() if isinstance(s, bool) or not isinstance(s, int)
          or s < 1}
@@ -52,13 +53,10 @@ def refuse_mesh(config, block: dict) -> dict[str, int]:
     return sizes
   mesh = AbstractMesh(tuple(sizes[a] for a in mesh_lib.AXES), tuple(mesh_lib.AXES))
   model = model_config(config)
+  if getattr(model, "moe_layers", ()):   # each `expert` device holds whole experts
+    check_expert_axis(model.moe.n_experts, mesh)
   checks.check_fits(mesh, batch_size=int(config.data.batch_size),
                     seq_len=int(config.data.seq_len), memory=model.memory)
-  experts = sizes.get("expert", 1)
-  moe = getattr(model, "moe", None)
-  if experts > 1 and moe is not None and moe.n_experts % experts:
-    raise ValueError(f"model.moe.n_experts={moe.n_experts} must be a multiple of "
-                     f"mesh.expert={experts} (each device holds whole experts).")
   return sizes
 
 
@@ -99,7 +97,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   seconds = time.perf_counter() - t0
   memory, cost, compiled, jaxpr = step["memory"], step["cost"], step["compiled"], step["jaxpr"]
   moved = collective_bytes(compiled.as_text()) if compiled is not None else _no_collectives()
-  token_shards = math.prod(sizes[a] for a in ("data", "fsdp", "seq"))
+  token_shards = math.prod(sizes[a] for a in ("data", "fsdp", "expert", "seq"))
   B, T = int(config.data.batch_size), int(config.data.seq_len)
   if "qwen3vl" in config:
     from experiments.plan import qwen3vl
@@ -140,7 +138,8 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
       "accelerator": chip, "mfu": mfu, "target": target,
       "compiler": "XLA:TPU" if target else "XLA:CPU",
       "params": {"count": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
-                 "formula": counts, "bytes": bytes_per_device(params)},
+                 "formula": counts, "bytes": bytes_per_device(params),
+                 "experts": routed_expert_bytes(params)},
       "optimizer_bytes": bytes_per_device(run.state["opt_state"]),
       "activations_estimate": estimate["activations"],
       "estimate_peak": estimate["params"] + estimate["optimizer"] + estimate["activations"],
@@ -158,6 +157,22 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   result["proxy"] = (proxy_compile(config, sizes, chip) if proxy and not target else None)
   result["verdict"] = verdict(result)
   return result
+
+
+def routed_expert_bytes(params) -> tuple[int, int]:
+  """(bytes per device, bytes in all) of the MoE layers' routed expert weights
+  (`.../mlp/w_gate|w_up|w_down`, [E, ., .]): on an `expert` axis of n each device
+  holds 1/n of them (experiments/models/layout.py)."""
+  import jax
+
+  from experiments.models.layout import EXPERT_WEIGHTS
+  per_device = total = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [str(getattr(k, "key", k)) for k in path]
+    if len(keys) >= 2 and keys[-2] == "mlp" and keys[-1] in EXPERT_WEIGHTS and leaf.ndim == 3:
+      per_device += bytes_per_device([leaf])
+      total += leaf.dtype.itemsize * math.prod(leaf.shape)
+  return per_device, total
 
 
 def loss_chunks(model, batch: int, seq_len: int) -> int:
@@ -325,6 +340,7 @@ def format_plan(r: dict, name: str = "") -> str:
       "stated:",
       f"parameters        {r['params']['count']:>15,} in all [shapes] = "
       f"{counts['total']:,} [formula]; {_b(r['params']['bytes'])} per device [shapes]",
+      *_expert_lines(r),
       f"optimizer state   {_b(r['optimizer_bytes'])} (AdamW moments) [shapes]",
       f"activations       {_b(r['activations_estimate'])} at this batch [estimate]; "
       f"{_b(xla['temp'])} of step temporaries (activations, gradients, workspace) {tag}",
@@ -364,10 +380,30 @@ def format_plan(r: dict, name: str = "") -> str:
   if r["dense_ragged"]:
     lines.append("note: XLA:CPU computes the MoE's ragged_dot densely (every slot with every "
                  "local expert), so [XLA:CPU] FLOPs and temporaries overstate the MoE layers")
+  if r["target"] and r["block"].get("expert", 1) > 1 and r["params"]["experts"][1]:
+    lines.append(f"note: on mesh.expert={r['block']['expert']} {tag} FLOPs count every row of "
+                 "the MoE's dropless receive buffer (megablox's cost estimate; the kernel "
+                 "visits only the rows that arrive), the [jaxpr] count a balanced load's")
+  if not r["target"] and r["block"].get("expert", 1) > 1 and r["params"]["experts"][1]:
+    lines.append("note: XLA:CPU has no ragged all-to-all: [XLA:CPU]'s all-to-all is the "
+                 "dense stand-in (every device sends every other its whole slot buffer); "
+                 "TPU and GPU programs move only the routed rows (plan --target)")
   if r["collectives"].get("unknown_trips"):
     lines.append(f"note: {r['collectives']['unknown_trips']} loop(s) of unknown trip count "
                  "hold collectives, counted once")
   return "\n".join(lines)
+
+
+def _expert_lines(r: dict) -> list[str]:
+  """The routed experts' share of the parameters, per device (1/expert of them)."""
+  here, total = r["params"]["experts"]
+  if not total:
+    return []
+  n = r["block"].get("expert", 1)
+  return [f"  routed experts  {_b(here)} per device of {_b(total)} in all [shapes]: 1/{n} "
+          f"of the experts on each device (mesh.expert={n}); their tokens come by all-to-all"
+          if n > 1 else f"  routed experts  {_b(here)} per device of {_b(total)} in all "
+          "[shapes] (mesh.expert=1: every device holds every expert)"]
 
 
 def _memory_lines(r: dict) -> list[str]:

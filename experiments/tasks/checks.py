@@ -236,7 +236,7 @@ def check_fits(mesh, *, batch_size: int, seq_len: int | None = None, memory=None
   rows = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
   if batch_size % rows:
     raise ValueError(f"data.batch_size={batch_size} must be a multiple of mesh.data × "
-                     f"mesh.fsdp = {rows} (each shard takes whole rows).")
+                     f"mesh.fsdp × mesh.expert = {rows} (each shard takes whole rows).")
   seq = int(mesh.shape["seq"])
   halo = lngram_halo(memory)
   if seq > 1:

@@ -27,7 +27,7 @@ from experiments.hf.backbone import with_hf_backbone
 from experiments.models import DecoderLM, layout, moe
 from experiments.models.branches import BranchContext
 from experiments.models.config import lm_config
-from experiments.models.moe_parallel import check_expert_axis
+from experiments.models.layout import check_expert_axis
 from experiments.tasks import checks, metrics
 from experiments.tasks.init_from import insert_into
 from experiments.tasks.saved import resume_check, saved_config
@@ -200,10 +200,10 @@ def lm_task(config, workdir, mesh=None) -> Task:
   eval_step = make_eval_step(graphdef, mesh=mesh)
 
   def check_mesh(mesh):
-    checks.check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len,
-                      memory=model_cfg.memory)
     if model_cfg.moe_layers:   # each `expert` device holds whole experts
       check_expert_axis(model_cfg.moe.n_experts, mesh)
+    checks.check_fits(mesh, batch_size=dc.batch_size, seq_len=dc.seq_len,
+                      memory=model_cfg.memory)
 
   last_docs: dict = {}   # the latest evaluation's per-document sums
 

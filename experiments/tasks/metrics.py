@@ -88,7 +88,8 @@ def summarise(memory_config, stats: dict) -> dict[str, float]:
 
 # --- the MoE FFN (experiments/models/moe.py) -------------------------------------------------
 # Its layers report `moe/<layer>/balance_loss` (E·Σ load·P, 1 when balanced) and
-# `moe/<layer>/expert_load` [E] (the share of routed slots per expert) in aux.
+# `moe/<layer>/expert_load` [E] (the share of routed slots per expert) in aux, and
+# with a capacity factor `moe/<layer>/dropped` (slots dropped by the dispatch).
 
 
 def moe_layers(aux: dict) -> list[int]:
@@ -98,7 +99,8 @@ def moe_layers(aux: dict) -> list[int]:
 
 def moe_loss_terms(aux: dict, moe_config):
   """(Σ_layers balance_coef · balance_loss, train metrics): `train/moe_balance_loss`
-  (the layers' mean, unweighted) and `train/moe/<layer>/load_max` / `load_min`."""
+  (the layers' mean, unweighted), `train/moe/<layer>/load_max` / `load_min`, and with
+  a capacity factor `train/moe/<layer>/dropped` (the slots the step dropped)."""
   layers = moe_layers(aux)
   if not layers:
     return jnp.zeros((), jnp.float32), {}
@@ -108,6 +110,8 @@ def moe_loss_terms(aux: dict, moe_config):
     load_E = aux[f"moe/{i}/expert_load"]
     out[f"train/moe/{i}/load_max"] = jnp.max(load_E)
     out[f"train/moe/{i}/load_min"] = jnp.min(load_E)
+    if f"moe/{i}/dropped" in aux:
+      out[f"train/moe/{i}/dropped"] = aux[f"moe/{i}/dropped"].astype(jnp.float32)
   return moe_config.balance_coef * sum(losses), out
 
 

@@ -6,8 +6,10 @@
     mesh.seq    time (a task whose batches are token sequences may split it:
                 the LM's context parallelism); XLA partitions the rest
     mesh.table  memory tables by rows, as the task's placement rules say
-    mesh.expert the MoE FFN's routed experts (expert parallelism: the task's rules
-                split their expert dimension; experiments/models/moe_parallel.py)
+    mesh.expert batch rows too, and the MoE FFN's routed experts (expert
+                parallelism: the task's rules split their expert dimension and
+                tokens reach their experts by all-to-all;
+                experiments/models/moe_parallel.py)
 
 Each size is a positive int or -1 (the devices the others leave; at most one -1).
 On one process the mesh takes the first data·fsdp·seq·table·expert devices; across
@@ -19,7 +21,7 @@ Placement is by parameter path (`param_specs`): the task's rule first (a
 router's columns by routes), then every parameter with a dimension that `fsdp`
 divides split along its largest such dimension, the rest replicated. The
 optimiser state follows the parameters leaf for leaf (`like_params`). Batches:
-rows over data × fsdp, time over seq (`batch_sharding`); with several processes
+rows over data × fsdp × expert, time over seq (`batch_sharding`); with several processes
 each holds only its block of rows (`process_rows`, `put_batch`).
 """
 
@@ -38,7 +40,10 @@ log = logging.getLogger("experiments")
 # The training mesh's axes, in this order; `expert` last (innermost: its psum stays
 # between neighbouring devices), size 1 unless asked, so older meshes are unchanged.
 AXES = ("data", "fsdp", "seq", "table", "expert")
-BATCH_AXES = ("data", "fsdp")
+# The batch's rows split over data, fsdp and expert: on an `expert` axis every device
+# routes its own tokens and the MoE layers send them to their experts by all-to-all
+# (experiments/models/moe_parallel.py), so no device computes another's tokens.
+BATCH_AXES = ("data", "fsdp", "expert")
 
 
 def mesh_sizes(block: Mapping | None, n_devices: int) -> dict[str, int]:
@@ -181,7 +186,7 @@ def like_params(tree, param_shardings, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh, ndim: int, *, tokens: bool) -> NamedSharding:
-  """Rows over data × fsdp; time over seq for [B, T, ...] token arrays."""
+  """Rows over data × fsdp × expert; time over seq for [B, T, ...] token arrays."""
   if ndim == 0:
     return NamedSharding(mesh, P())
   spec = [BATCH_AXES] + [None] * (ndim - 1)

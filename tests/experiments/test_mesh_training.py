@@ -167,7 +167,7 @@ def test_a_host_batch_lands_in_row_and_time_blocks():
   mesh = mesh_lib.make_train_mesh(dict(data=2, seq=2, table=2))
   batch = {"inputs": np.arange(8 * 32).reshape(8, 32)}
   placed = mesh_lib.put_batch(batch, mesh)["inputs"]
-  assert placed.sharding.spec == P(("data", "fsdp"), "seq")
+  assert placed.sharding.spec == P(("data", "fsdp", "expert"), "seq")
   assert {s.data.shape for s in placed.addressable_shards} == {(4, 16)}
   np.testing.assert_array_equal(np.asarray(placed), batch["inputs"])
   sharding = mesh_lib.batch_sharding(mesh, 2, tokens=True)
@@ -192,7 +192,7 @@ def test_bad_mesh_blocks_are_refused(block, match):
 
 
 @pytest.mark.parametrize("mesh, batch, match", [
-    (dict(data=2, fsdp=2, table=2), 6, "batch_size=6 must be a multiple of mesh.data × mesh.fsdp = 4"),
+    (dict(data=2, fsdp=2, table=2), 6, "batch_size=6 must be a multiple of mesh.data × mesh.fsdp × mesh.expert = 4"),
     (dict(table=8), 8, "routes=4 must be a multiple of mesh.table=8"),
     (dict(seq=8), 8, "seq_len=32 must split into mesh.seq=8 blocks"),
 ])

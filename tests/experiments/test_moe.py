@@ -1,6 +1,7 @@
 """The MoE FFN (experiments/models/moe.py): grouped dispatch == per-token loop, routing
 rules on hand cases, configs, the decoder with MoE layers, and training runs (resume,
-expert parallelism on 8 host devices == one device)."""
+data=4 and expert=4 on host devices == one device). The dispatch on meshes:
+test_moe_parallel.py."""
 
 import json
 import signal
@@ -81,18 +82,6 @@ def test_the_reference_dispatch_option_runs_the_loop():
   loop = _module(jnp.float32, dispatch="reference")
   np.testing.assert_allclose(grouped(_x(jnp.float32))[0], loop(_x(jnp.float32))[0],
                              rtol=2e-5, atol=2e-6)
-
-
-def test_expert_parallel_slots_of_other_experts_add_nothing():
-  """`grouped_experts` over a block of the experts (what one `expert` device holds)
-  sums, over the blocks, to all the experts."""
-  module, x = _module(jnp.float32), _x(jnp.float32).reshape(-1, D)
-  _, experts, gates = moe.route(x, module.router[...], None, top_k=2, norm_topk_prob=False)
-  w = (module.w_gate[...], module.w_up[...], module.w_down[...])
-  full = moe.grouped_experts(x, experts, gates, *w)
-  parts = sum(moe.grouped_experts(x, experts, gates, *(a[i:i + 2] for a in w), first_expert=i)
-              for i in (0, 2))
-  np.testing.assert_allclose(parts, full, rtol=1e-5, atol=1e-6)
 
 
 def test_top_k_ties_go_to_the_lowest_expert_index():
@@ -308,10 +297,12 @@ def test_an_interrupted_moe_run_resumes_bit_for_bit(one_device_run, tmp_path):
 
 
 @needs_8
-def test_expert_parallel_training_equals_one_device(one_device_run, tmp_path):
-  """data 2 × expert 4: the experts of every MoE layer split over 4 devices."""
+@pytest.mark.parametrize("mesh", [dict(data=4), dict(expert=4)])
+def test_training_on_4_devices_equals_one_device(one_device_run, tmp_path, mesh):
+  """data=4 splits the batch; expert=4 splits it too and sends every token's slots to
+  the device holding its expert by all-to-all, and back: the same losses and weights."""
   _, _, want_losses, want_params = one_device_run
-  run_train(_run_config(dict(data=2, expert=4)), tmp_path)
+  run_train(_run_config(mesh), tmp_path)
   got_losses = _losses(tmp_path)[0]
   assert list(got_losses) == list(want_losses)
   np.testing.assert_allclose(list(got_losses.values()), list(want_losses.values()), atol=2e-5)
@@ -322,6 +313,7 @@ def test_expert_parallel_training_equals_one_device(one_device_run, tmp_path):
 
 @needs_8
 def test_an_expert_axis_that_does_not_divide_the_experts_is_refused(tmp_path):
+  config = _run_config(dict(expert=8))   # refused for the experts before the batch
   with pytest.raises(ValueError, match="n_experts=4 must be a multiple of mesh.expert=8"):
-    run_train(_run_config(dict(expert=8)), tmp_path / "run")
+    run_train(config, tmp_path / "run")
   assert not (tmp_path / "run").exists()

@@ -86,6 +86,15 @@ def test_moe_recipe_at_full_width_matches_the_formula():
   assert abs(r["flops_jaxpr"] / r["flops_formula"] - 1) < 0.02   # remat: see accounting.py
   assert math.isclose(r["projection"]["compute_s"] * 989e12 * 0.4,
                       r["flops_jaxpr"] / 2, rel_tol=1e-9)
+  # Expert parallelism: the same matmuls (the receive buffer's rows past what a balanced
+  # load fills do not count), all-to-all among the collectives (on XLA:CPU the dense
+  # stand-in, said so), and each device holding half the routed experts.
+  ep = plan_run(config, {"expert": 2})
+  assert ep["flops_jaxpr"] == pytest.approx(r["flops_jaxpr"], rel=1e-6)
+  assert ep["collectives"]["all-to-all"] > 0 == r["collectives"]["all-to-all"]
+  assert 2 * ep["params"]["experts"][0] == ep["params"]["experts"][1] == r["params"]["experts"][0]
+  text = format_plan(ep)
+  assert "1/2 of the experts on each device" in text and "dense stand-in" in text
 
 
 def test_mesh_that_does_not_divide_is_refused():
@@ -102,7 +111,7 @@ def test_mesh_that_does_not_divide_is_refused():
   assert done.returncode == 2, done.stderr
   error = done.stderr.strip().splitlines()
   assert len(error) == 1 and error[0].startswith("error: data.batch_size=4 must be a "
-                                                 "multiple of mesh.data × mesh.fsdp = 3")
+                                                 "multiple of mesh.data × mesh.fsdp × mesh.expert = 3")
 
 
 HLO = """HloModule m
@@ -123,6 +132,10 @@ ENTRY %main (a: f32[8,4]) -> f32[8,4] {
   %agd = f32[8]{0} all-gather-done(%ags)
   %w = (s32[], f32[10]) while(%t), condition=%cond, body=%body, \
 backend_config={"known_trip_count":{"n":"3"}}
+  %rows = f32[64,1,128]{2,1,0} bitcast(%a)
+  %buf = f32[256,1,128]{2,1,0} broadcast(%z)
+  %r2a = f32[256,1,128]{2,1,0} ragged-all-to-all(%rows, %buf, %o, %s, %oo, %rs), \
+channel_id=6, replica_groups={{0,1,2,3}}
 }
 """
 
@@ -132,6 +145,7 @@ def test_collective_bytes_by_hand():
   assert got["all-gather"] == 8 * 4 * 4 / 4 + 8 * 4 / 4   # each device's piece, sync + async
   assert got["reduce-scatter"] == 2 * 2 * 4               # the whole input
   assert got["all-reduce"] == 3 * 10 * 4                  # 3 trips; singleton groups move 0
+  assert got["all-to-all"] == 64 * 128 * 4                # ragged: its operand, not its buffer
   assert got["unknown_trips"] == 0
 
 
@@ -155,6 +169,13 @@ def test_jaxpr_flops_by_hand():
   # Forward and both cotangents: 3 × 2·M·K·N, each row meeting only its group.
   grads = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
   assert jaxpr_flops(grads) == 3 * 2 * 64 * 16 * 32
+
+  def scoped(x, w):   # the expert-parallel receive buffer: 16 of its 64 rows count
+    with jax.named_scope("routed_rows_16"):
+      return loss(x, w)
+
+  grads = jax.make_jaxpr(jax.value_and_grad(scoped, argnums=(0, 1)))(x, w)
+  assert jaxpr_flops(grads) == 3 * 2 * 16 * 16 * 32
   a = jnp.zeros((16, 16))
   scanned = jax.make_jaxpr(lambda a: jax.lax.scan(lambda c, _: (c @ a, None), a, None,
                                                   length=5)[0])(a)

@@ -93,6 +93,26 @@ def test_plan_target_command_and_hlo_dump(tmp_path):
   assert "HloModule" in out.read_text()
 
 
+def test_the_moe_recipe_on_expert_4_sends_tokens_by_all_to_all(tmp_path):
+  """The issue's interface: the MoE smoke recipe's TPU program on expert=4 holds the
+  ragged all-to-all (out to the experts and back, and their transposes), the plan counts
+  its bytes, and each chip holds a quarter of the routed experts."""
+  tpu_devices("v5e:2x2")
+  out = tmp_path / "moe.hlo"
+  done = run_cli("plan", f"--config={CONFIGS}/moe06b_lngram_v2.py:smoke", "--mesh=expert=4",
+                 "--target=v5e:2x2", f"--dump_hlo={out}", timeout=600)
+  assert done.returncode == 0, done.stderr
+  hlo = out.read_text()
+  assert hlo.count("ragged-all-to-all(") == 8   # 2 MoE layers × (out, back) × (fwd, bwd)
+  moved = re.search(r"^collectives .* all-to-all ([\d.]+) KiB", done.stdout, re.M)
+  # 32 tokens per chip × top-2 × width 128 × 4 bytes, 4 exchanges per layer, 2 layers.
+  assert moved and float(moved.group(1)) >= 4 * 2 * 32 * 2 * 128 * 4 / 1024
+  experts = re.search(r"^  routed experts +([\d.]+) KiB per device of ([\d.]+) KiB .*1/4",
+                      done.stdout, re.M)
+  assert experts and float(experts.group(1)) * 4 == pytest.approx(float(experts.group(2)))
+  assert "dropless receive buffer" in done.stdout   # why XLA:TPU's FLOPs exceed the jaxpr's
+
+
 @pytest.mark.parametrize("args, message", [
     (["--mesh=data=2", "--target=v5e:2x2"], "--target=v5e:2x2 has 4: give axis sizes"),
     (["--mesh=data=4", "--target=v9z:2x2"], "is not a TPU topology"),

@@ -1,0 +1,106 @@
+"""The grouped matmul (kernels/grouped_matmul): megablox (interpreted here) and XLA's
+ragged_dot equal the per-group twin in values and gradients, with empty groups and rows
+past the last group; the dispatch follows the lowering platform (megablox in a TPU
+program, ragged_dot for a GPU and on CPU); float64 stays float64; bad inputs are refused."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from lowering import KERNEL_CALL, lower_text
+
+from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
+
+M, K, N = 200, 64, 96
+SIZES = (30, 0, 100, 50, 7)   # an empty group; 13 rows past the last one
+
+
+def _inputs(dtype=jnp.float32, sizes=SIZES):
+  k = jax.random.split(jax.random.key(0), 3)
+  lhs = jax.random.normal(k[0], (M, K), dtype)
+  rhs = jax.random.normal(k[1], (len(sizes), K, N), dtype)
+  r = jax.random.normal(k[2], (M, N), dtype)
+  return lhs, rhs, jnp.asarray(sizes, jnp.int32), r
+
+
+def _value_and_grads(fn, lhs, rhs, sizes, r):
+  return jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(jnp.sin(fn(a, b, sizes)) * r),
+                                    argnums=(0, 1)))(lhs, rhs)
+
+
+@pytest.mark.parametrize("implementation", ["megablox", "ragged_dot", None])
+@pytest.mark.parametrize("sizes", [SIZES, (0, 0, 200, 0, 0), (41, 40, 39, 40, 40)])
+def test_equals_the_per_group_twin_values_and_grads(implementation, sizes):
+  lhs, rhs, group_sizes, r = _inputs(sizes=sizes)
+  fn = functools.partial(grouped_matmul, implementation=implementation)
+  out = jax.jit(fn)(lhs, rhs, group_sizes)
+  want = grouped_matmul_reference(lhs, rhs, group_sizes)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+  assert not np.asarray(out[sum(sizes):]).any()   # rows past the groups are zero
+  v, (d_lhs, d_rhs) = _value_and_grads(fn, lhs, rhs, group_sizes, r)
+  v0, (d_lhs0, d_rhs0) = _value_and_grads(grouped_matmul_reference, lhs, rhs, group_sizes, r)
+  np.testing.assert_allclose(v, v0, rtol=1e-5)
+  np.testing.assert_allclose(d_lhs, d_lhs0, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(d_rhs, d_rhs0, rtol=1e-4, atol=1e-4)
+  empty = [g for g, s in enumerate(sizes) if s == 0]
+  assert not np.asarray(d_rhs[np.asarray(empty, int)]).any()   # no rows, no gradient
+
+
+def test_float64_stays_float64_against_the_twin():
+  with jax.enable_x64(True):
+    lhs, rhs, sizes, r = _inputs(jnp.float64)
+    v, grads = _value_and_grads(grouped_matmul, lhs, rhs, sizes, r)
+    v0, grads0 = _value_and_grads(grouped_matmul_reference, lhs, rhs, sizes, r)
+    assert v.dtype == jnp.float64 and all(g.dtype == jnp.float64 for g in grads)
+    np.testing.assert_allclose(v, v0, rtol=1e-12)
+    for g, g0 in zip(grads, grads0, strict=True):
+      np.testing.assert_allclose(g, g0, rtol=1e-11, atol=1e-11)
+    with pytest.raises(ValueError, match="megablox multiplies float32 and bfloat16"):
+      grouped_matmul(lhs, rhs, sizes, implementation="megablox")
+
+
+def test_dispatch_follows_the_lowering_platform_forward_and_backward():
+  lhs, rhs, sizes, _ = _inputs(jnp.bfloat16)
+  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (lhs, rhs, sizes)]
+
+  def loss(lhs, rhs, sizes):
+    return jnp.sum(grouped_matmul(lhs, rhs, sizes).astype(jnp.float32))
+
+  grad = jax.grad(loss, argnums=(0, 1))
+  tpu_forward = lower_text(loss, avals, "tpu").count(KERNEL_CALL["tpu"])
+  tpu_backward = lower_text(grad, avals, "tpu").count(KERNEL_CALL["tpu"])
+  # The gradient: the transposed gmm (d lhs) and tgmm (d rhs); the forward is unused.
+  assert tpu_forward == 1 and tpu_backward == 2
+  cuda = lower_text(grad, avals, "cuda")   # XLA's ragged dot instruction
+  assert "chlo.ragged_dot" in cuda and "custom_call" not in cuda.replace("Sharding", "")
+  cpu = lower_text(grad, avals, "cpu")     # jax's own lowering of ragged_dot: dots
+  assert "dot_general" in cpu and "custom_call" not in cpu.replace("Sharding", "")
+
+
+def test_megablox_compiles_for_a_tpu_chip():
+  from lowering import tpu_devices
+  device = tpu_devices("v5e:2x2")[0]
+  lhs, rhs, sizes, _ = _inputs(jnp.bfloat16)
+  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                sharding=jax.sharding.SingleDeviceSharding(device))
+           for a in (lhs, rhs, sizes)]
+  step = jax.jit(jax.grad(lambda a, b, s: jnp.sum(grouped_matmul(a, b, s).astype(jnp.float32)),
+                          argnums=(0, 1)))
+  text = step.trace(*avals).lower().compile().as_text()
+  assert "tpu_custom_call" in text or "custom-call" in text
+
+
+@pytest.mark.parametrize("args, match", [
+    (((4, 3), (2, 5, 6), (2,)), "must be \\[M, K\\] and \\[G, K, N\\]"),
+    (((4, 5), (2, 5, 6), (3,)), "group_sizes"),
+])
+def test_bad_shapes_are_refused(args, match):
+  lhs, rhs, sizes = (jnp.zeros(s, jnp.int32 if i == 2 else jnp.float32)
+                     for i, s in enumerate(args))
+  with pytest.raises(ValueError, match=match):
+    grouped_matmul(lhs, rhs, sizes)
+  with pytest.raises(ValueError, match="implementation='cutlass'"):
+    grouped_matmul(jnp.zeros((4, 5)), jnp.zeros((2, 5, 6)), jnp.zeros(2, jnp.int32),
+                   implementation="cutlass")
