@@ -72,11 +72,14 @@ def prepare_data_command(inputs: str, tokenizer: str, out: str, **options) -> in
 
 def train_tokenizer_command(inputs: str, out: str, *, vocab_size: int, text_field: str,
                             val_fraction: float) -> int:
-  """Trains the tokenizer and prints where it went."""
-  from experiments.data.tokens import tokenizer_texts, train_tokenizer
+  """Trains the tokenizer and prints where it went and how many ids it holds (fewer
+  than `vocab_size` on a small corpus: train_tokenizer then warns)."""
+  from experiments.data.tokens import describe, tokenizer_texts, train_tokenizer
+  from experiments.data.tokens.tokenizer import output_file
 
   path = train_tokenizer(tokenizer_texts(inputs, text_field=text_field,
-                                         val_fraction=val_fraction),
+                                         val_fraction=val_fraction,
+                                         exclude=output_file(out)),
                          out, vocab_size=vocab_size)
-  print(f"done: a byte-level BPE of {vocab_size} ids in {path}")
+  print(f"done: a byte-level BPE of {describe(str(path)).vocab_size} ids in {path}")
   return 0

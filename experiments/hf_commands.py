@@ -9,6 +9,10 @@ that `eval`, `sample`, `analyze`, `experiments.restore` and
 in `train` starts a run from the checkpoint directly. `export-hf` writes a
 run's backbone back as a checkpoint `transformers` loads. The library is
 `experiments.hf` (DESIGN.md §11); a mistake is a one-line ValueError.
+Both write their directory whole or not at all (a kill leaves nothing at
+--out / --workdir; a second writer into the same path is refused), and say in
+a `warning:` line what they leave out: a branch with no Hugging Face form, a
+missing tokenizer, a checkpoint memory import-hf does not read.
 Imports nothing heavy at module level: the CLI reads the tables below first.
 """
 

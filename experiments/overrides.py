@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import traceback
 from pathlib import Path
 
 from absl import flags
@@ -143,8 +144,13 @@ def parse_command_line(flag_values: flags.FlagValues, argv: list[str]) -> list[s
     error = _field_error(argv, index, fields)
     raise (error or ValueError(" ".join(str(e).split()))) from e
   except (AttributeError, KeyError) as e:   # config_flags: a field the config lacks
-    error = _field_error(argv, index, fields)
+    error = _field_error(argv, index, fields) or config_file_error(
+        e, argv[index] if index is not None else None)
     if error is None:
+      raise
+    raise error from e
+  except Exception as e:   # the config file's own code: a syntax error, an exception
+    if (error := config_file_error(e, argv[index] if index is not None else None)) is None:
       raise
     raise error from e
   if index is not None:
@@ -153,6 +159,34 @@ def parse_command_line(flag_values: flags.FlagValues, argv: list[str]) -> list[s
     if blocks:
       raise _field_error(argv, index, blocks) or ValueError(f"{blocks[0]} is a block")
   return rest
+
+
+def config_file_error(error: BaseException, spec: str | None) -> ValueError | None:
+  """One line for an error raised by the config file itself (a syntax error, an
+  exception in its get_config): the file, the line and the error; None when the error
+  did not come from that file. `spec`: the --config argument (`[--config=]path[:arg]`)."""
+  if not spec:
+    return None
+  path = Path(spec.split("=", 1)[1] if spec.startswith("-") else spec).resolve()
+  path = Path(str(path).partition(":")[0])
+  inner = error
+  while not isinstance(inner, SyntaxError) and (inner.__cause__ or inner.__context__):
+    inner = inner.__cause__ or inner.__context__
+  if isinstance(inner, SyntaxError) and inner.filename and Path(inner.filename).resolve() == path:
+    return ValueError(f"config file {path}, line {inner.lineno}: {type(inner).__name__}: "
+                      f"{inner.msg}.")
+  inner = _deepest(error)
+  line = None
+  for cause in (inner, error):
+    frames = traceback.extract_tb(cause.__traceback__)
+    line = next((f.lineno for f in reversed(frames) if Path(f.filename).resolve() == path), None)
+    if line is not None:
+      break
+  if line is None:
+    return None
+  message = (str(inner).strip().splitlines() or [""])[-1]
+  return ValueError(f"config file {path}, line {line}: {type(inner).__name__}"
+                    f"{': ' + message if message else ''}.")
 
 
 def config_from_command_line(spec: str, overrides=()):

@@ -42,6 +42,12 @@ def sample_checkpoint(workdir, prompts: list[str], *, step: int | None = None,
   else:
     from experiments.hf.tokenizer import hf_codec
     codec = hf_codec(workdir)    # import-hf: the checkpoint's tokenizer.json and EOS ids
+  vocab = int(model.config.vocab_size)
+  if codec is None and vocab != 256:
+    # Bytes would be read as this vocabulary's ids: a run imported without its tokenizer.
+    raise ValueError(f"{workdir} holds no tokenizer.json and its model's vocabulary is "
+                     f"{vocab:,} ids, not 256 bytes: copy the checkpoint's tokenizer.json "
+                     "into the run directory to sample.")
   if mesh:
     from experiments.models.layout import placement_rules
     from experiments.trainer.placement import place_model

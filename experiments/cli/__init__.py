@@ -123,6 +123,17 @@ def usage(fv: flags.FlagValues | None = None) -> str:
   return "\n".join(lines)
 
 
+def refuse_non_finite(fv: flags.FlagValues) -> None:
+  """One line for a float flag given as nan or inf (absl parses both; a `<= 0` check
+  lets NaN through)."""
+  import math
+  for name in fv:
+    flag = fv[name]
+    if (flag.present and isinstance(flag.value, float) and not name.startswith("config.")
+        and not math.isfinite(flag.value)):
+      raise ValueError(f"--{name}={flag.value} is not a finite number.")
+
+
 def _command(argv: list[str], fv: flags.FlagValues) -> int:
   from experiments import commands, preflight
   if argv[1] in COMMANDS and argv[1] not in ("train", "plan") and mentions_config(argv):
@@ -133,6 +144,7 @@ def _command(argv: list[str], fv: flags.FlagValues) -> int:
   command, f = rest[1], fv   # analyze's flags depend on the run's kind: checked below
   by_kind = set().union(*ANALYZE_FLAGS_OF.values()) if command == "analyze" else set()
   refuse_flags(given_flags(f), command, FLAGS_OF[command] | by_kind, FLAGS_OF)
+  refuse_non_finite(f)
   if command == "configs":
     return commands.configs_command()
   for extra in (data_commands, hf_commands):

@@ -73,8 +73,10 @@ def validation_windows(docs, names, *, cap: int, budget: int = 0) -> Windows:
           break
       kept = pick
   if not kept:
-    raise ValueError("validation_windows: no validation document holds two units; "
-                     "use more validation data.")
+    raise ValueError(f"validation_windows: no validation document holds two units "
+                     f"({len(docs)} validation document(s)); use more validation data (token "
+                     "data: rerun prepare-data with a larger --val_fraction; byte data: a "
+                     "larger data.val_fraction).")
   docs_, names_, lengths = zip(*kept, strict=True)
   return Windows(tuple(docs_), tuple(names_), tuple(int(n) for n in lengths))
 

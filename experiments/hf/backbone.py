@@ -14,6 +14,9 @@ config's.
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import ml_collections
 
 from experiments.hf.config import hf_lm_config, read_config_json
@@ -50,6 +53,23 @@ def set_backbone(model_block, lm: LMConfig, *, check: bool) -> None:
     model_block["moe"] = {k: v for k, v in lm.moe.to_dict().items() if k != "d_model"}
 
 
+def check_byte_data(init_from: str, hf_dir: str, vocab_size: int) -> None:
+  """Refuses byte data (data.kind="bytes", the default) for a checkpoint whose ids are
+  not bytes: one with its own tokenizer.json, or a vocabulary other than 256 (bytes
+  would be read as the first 256 ids of a vocabulary that means something else)."""
+  tokens = ("prepare token data with it (lngram-exp prepare-data --tokenizer=" + hf_dir
+            + " --input=... --out=DATA) and pass --config.data.kind=tokens "
+            "--config.data.path=DATA")
+  if (Path(hf_dir) / "tokenizer.json").is_file():
+    raise HFCheckpointError(f"init_from={init_from}: the checkpoint has its own "
+                            f"tokenizer.json ({vocab_size:,} ids) and this run reads byte "
+                            f"data (data.kind=bytes, the default); {tokens}.")
+  if vocab_size != 256:
+    raise HFCheckpointError(f"init_from={init_from}: a vocabulary of {vocab_size} tokens "
+                            "cannot read byte data (256 values); use data.kind=tokens with "
+                            "the checkpoint's tokenizer.")
+
+
 def with_hf_backbone(config):
   """A copy of `config` whose model block describes the `init_from=hf:DIR` backbone."""
   hf_dir = hf_dir_of(config.get("init_from", ""))
@@ -57,10 +77,16 @@ def with_hf_backbone(config):
     return config
   lm = hf_lm_config(read_config_json(hf_dir), dtype=config.model.get("dtype"),
                     param_dtype=config.model.get("param_dtype"))
-  if config.get("data", {}).get("kind", "bytes") == "bytes" and lm.vocab_size < 256:
-    raise HFCheckpointError(f"init_from={config.init_from}: a vocabulary of {lm.vocab_size} "
-                            "tokens cannot read byte data (256 values); use data.kind=tokens "
-                            "with the checkpoint's tokenizer.")
+  if config.get("data", {}).get("kind", "bytes") == "bytes":
+    check_byte_data(config.init_from, hf_dir, lm.vocab_size)
+  if lm.tie_embeddings:
+    # config.json ties, yet the files may hold a distinct lm_head.weight: transformers 5
+    # keeps it, and so does the import (experiments/hf/load.py), so the run is untied.
+    from experiments.hf.load import head_differs
+    from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, Checkpoint
+    has_weights = any((Path(hf_dir) / name).is_file() for name in (SINGLE_NAME, INDEX_NAME))
+    if has_weights and head_differs(Checkpoint(hf_dir)):   # a config.json alone: planning
+      lm = dataclasses.replace(lm, tie_embeddings=False)
   config = ml_collections.ConfigDict(config.to_dict())
   set_backbone(config.model, lm, check=True)
   return config

@@ -12,13 +12,23 @@ The name table is experiments/hf/names.py (DESIGN.md §11); importing an
 export gives the same parameters bit for bit. Lngram v2 branches go beside
 the backbone in lngram_v2.safetensors + lngram_v2_config.json under the
 authors' `RouteNgramMemoryV2` names (experiments/hf/memory_export.py); the
-other arms have no reference module and are not written.
+other arms have no reference module and are not written: export-hf says so
+in one warning line naming the branch and its parameter count.
+
+The checkpoint is written whole or not at all (experiments/hf/atomic_dir.py
+`new_directory`, which import-hf uses too): everything goes into a private sibling `<out>.tmp-<pid>`
+that is renamed onto `out` at the very end, so a kill at any point leaves
+nothing at `out`, and two writers into one `out` never mix (the second is
+refused in one line). config.json of an Lngram v2 export names its
+`lngram_v2` files; readers refuse a copy that lacks them
+(experiments/hf/load.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import jax
@@ -26,14 +36,40 @@ import numpy as np
 from flax import nnx
 
 from experiments.hf import memory_export, qwen3_moe
+from experiments.hf.atomic_dir import check_new_directory, new_directory
+from experiments.hf.load import LNGRAM_ENTRY
 from experiments.hf.memory_export import lngram_v2_export
-from experiments.hf.names import to_hf
+from experiments.hf.names import param_targets, to_hf
 from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, HFCheckpointError, write_file
 from experiments.models.config import LMConfig
 from experiments.trainer.optimizer import path_str
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "llama": "LlamaForCausalLM", qwen3_moe.MODEL_TYPE: qwen3_moe.ARCHITECTURE}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+def left_out(config: LMConfig, flat: dict, exported_memory: bool) -> list[str]:
+  """One line per branch of the run that the export does not hold: its kind, layers
+  and parameter count (the PKM, Engram, Lngram v1, sparse-FFN memories and the
+  beside-FFN branches have no Hugging Face form)."""
+  from experiments.models import branches
+  backbone = set(param_targets(config))
+  lines = []
+  for slot, layers, branch, name in (
+      ("memory", config.memory_layers, config.memory, "memory"),
+      ("ffn_branch", config.ffn_branch_layers, config.ffn_branch, "beside-FFN branch")):
+    if not layers or branch is None or (slot == "memory" and exported_memory):
+      continue
+    count = sum(int(np.size(v)) for path, v in flat.items() if path not in backbone
+                and path.split("/")[0] == "blocks" and path.split("/")[2] == slot)
+    where = (f"layer {layers[0]}" if len(layers) == 1
+             else f"layers {', '.join(map(str, layers))}")
+    lines.append(f"the {branches.kind_of(branch).name} {name} ({where}, {count:,} parameters) "
+                 "has no Hugging Face form and is not exported; the export holds the "
+                 "backbone only.")
+  return lines
 
 
 def hf_config_json(config: LMConfig, source: dict | None = None) -> dict:
@@ -44,7 +80,8 @@ def hf_config_json(config: LMConfig, source: dict | None = None) -> dict:
     qwen3_moe.check_exportable(c)
     model_type = qwen3_moe.MODEL_TYPE
   out = dict(source or {})
-  for old in ("rope_parameters", "rope_scaling", "torch_dtype"):
+  # An imported export's memory entry: this export declares its own, if any.
+  for old in ("rope_parameters", "rope_scaling", "torch_dtype", LNGRAM_ENTRY):
     out.pop(old, None)
   out.update(
       architectures=[ARCHITECTURES[model_type]], model_type=model_type,
@@ -66,15 +103,13 @@ def export_hf(workdir, out, *, step: int | None = None,
               max_shard_bytes: int = 4 * 2**30) -> dict:
   """Writes the backbone of the run in `workdir` (newest valid step, or `step`) to `out`.
 
-  `out` must be new or empty; a failure while writing removes what this call
-  created. Returns {"out", "files", "tensors", "step"}.
+  `out` must be new or empty; it appears whole at the end or not at all
+  (`new_directory`). A branch with no Hugging Face form is named in a warning.
+  Returns {"out", "files", "tensors", "step", "left_out" (the warnings' lines)}.
   """
   from experiments.tasks.restore import restore
 
-  out = Path(out).expanduser()
-  if out.exists() and (not out.is_dir() or any(out.iterdir())):
-    raise HFCheckpointError(f"--out={out} exists and is not empty; export-hf writes a new "
-                            "checkpoint directory.")
+  out = check_new_directory(out, "out", "export-hf", "checkpoint")
   model, experiment = restore(workdir, step)
   if type(model).__name__ == "Qwen3VL":   # with its PVM branches in the authors' layout
     from experiments.hf.qwen3vl_export import export_qwen3vl
@@ -86,6 +121,12 @@ def export_hf(workdir, out, *, step: int | None = None,
   tensors = to_hf(model.config, flat)
   source_path = Path(workdir) / "hf_config.json"
   source = json.loads(source_path.read_text()) if source_path.is_file() else None
+  config_json = hf_config_json(model.config, source)
+  lngram = lngram_v2_export(model.config, flat)
+  if lngram is not None:   # config.json names the memory's files: readers check them
+    config_json[LNGRAM_ENTRY] = {"weights": memory_export.FILE,
+                                 "config": memory_export.CONFIG_FILE,
+                                 "layers": list(lngram[1]["layers"])}
   shards, current, size = [], {}, 0
   for name in sorted(tensors):
     nbytes = tensors[name].nbytes
@@ -95,33 +136,27 @@ def export_hf(workdir, out, *, step: int | None = None,
     current[name] = tensors[name]
     size += nbytes
   shards.append(current)
-  created = not out.exists()
-  try:
-    out.mkdir(parents=True, exist_ok=True)
+  with new_directory(out, "out", "export-hf", "checkpoint") as tmp:
     if len(shards) == 1:
       files = [SINGLE_NAME]
-      write_file(out / SINGLE_NAME, shards[0], {"format": "np"})
+      write_file(tmp / SINGLE_NAME, shards[0], {"format": "np"})
     else:
       files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
       for file, shard in zip(files, shards, strict=True):
-        write_file(out / file, shard, {"format": "np"})
+        write_file(tmp / file, shard, {"format": "np"})
       index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
                "weight_map": {n: f for f, s in zip(files, shards, strict=True) for n in s}}
-      (out / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True))
-    (out / "config.json").write_text(
-        json.dumps(hf_config_json(model.config, source), indent=2, sort_keys=True))
-    lngram = lngram_v2_export(model.config, flat)
+      (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True))
+    (tmp / "config.json").write_text(json.dumps(config_json, indent=2, sort_keys=True))
     if lngram is not None:   # the Lngram v2 branches, under the authors' module's names
-      write_file(out / memory_export.FILE, lngram[0], {"format": "pt"})
-      (out / memory_export.CONFIG_FILE).write_text(json.dumps(lngram[1], indent=2))
+      write_file(tmp / memory_export.FILE, lngram[0], {"format": "pt"})
+      (tmp / memory_export.CONFIG_FILE).write_text(json.dumps(lngram[1], indent=2))
       files.append(memory_export.FILE)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "generation_config.json"):
+    for name in TOKENIZER_FILES:
       if (Path(workdir) / name).is_file():
-        shutil.copyfile(Path(workdir) / name, out / name)
-  except BaseException:
-    if created:
-      shutil.rmtree(out, ignore_errors=True)
-    raise
+        shutil.copyfile(Path(workdir) / name, tmp / name)
+  dropped = left_out(model.config, flat, exported_memory=lngram is not None)
+  for line in dropped:
+    warnings.warn(line, UserWarning, stacklevel=2)
   return {"out": str(out), "files": files, "tensors": len(tensors),
-          "step": int(experiment.restored_step)}
+          "step": int(experiment.restored_step), "left_out": dropped}

@@ -10,9 +10,21 @@ about one tensor beyond the file pages it reads. With a `mesh` every parameter
 goes straight into its shard (`jax.make_array_from_callback`): each process
 reads only the slices its own devices hold. Every check (tensors missing or
 unexpected, shapes) runs before the first tensor is read.
+
+config.json's tie_word_embeddings=true beside an `lm_head.weight` that differs
+from the embedding: `load_hf` keeps the head (the model is untied, with a
+warning), as transformers 5 does; a head equal to the embedding stays tied. A
+tied model given to `fill_backbone` (init_from=hf:DIR) cannot hold such a head
+and is refused. An Lngram v2 export's config.json names its memory files
+(`lngram_v2`, experiments/hf/export.py): a copy without them is an incomplete
+export and is refused; with them, a warning says the memory is not read.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -102,17 +114,70 @@ def copy_params(model, targets: dict, ckpt: Checkpoint, hf_dir, sharding_of=None
   return fresh
 
 
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+LNGRAM_ENTRY = "lngram_v2"   # config.json's entry of an Lngram v2 export (export.py)
+
+
+def head_differs(ckpt: Checkpoint) -> bool:
+  """Whether the checkpoint holds an lm_head.weight that is not its embedding table
+  (compared in blocks of rows, so the host never holds two whole copies)."""
+  if HEAD not in ckpt.names() or EMBED not in ckpt.names():
+    return False
+  head, embed = ckpt.tensor(HEAD), ckpt.tensor(EMBED)
+  if head.shape != embed.shape:
+    return True
+  rows = max(1, 2**26 // max(1, head[:1].nbytes))
+  return any(not np.array_equal(head[i:i + rows], embed[i:i + rows])
+             for i in range(0, head.shape[0], rows))
+
+
+def _untied_head_note(hf_dir) -> str:
+  return (f"{hf_dir}: config.json ties the output layer to the embeddings "
+          f"(tie_word_embeddings=true) but {HEAD} differs from {EMBED}")
+
+
+def check_memory_files(hf_dir, hf: dict) -> None:
+  """An Lngram v2 export (config.json's `lngram_v2` entry) holds its memory files:
+  refused without them (an interrupted or partial copy would read as a plain
+  backbone); with them, a warning that the memory is not read."""
+  entry = hf.get(LNGRAM_ENTRY)
+  if not isinstance(entry, dict):
+    return
+  names = [entry.get(key) for key in ("weights", "config")]
+  missing = [name for name in names if not isinstance(name, str)
+             or not (Path(hf_dir) / name).is_file()]
+  if missing:
+    raise HFCheckpointError(
+        f"{hf_dir}: an incomplete export: config.json declares an Lngram v2 memory in "
+        f"{', '.join(map(str, missing))}, which is missing (an interrupted copy?). Export "
+        f"again, or delete config.json's {LNGRAM_ENTRY!r} entry to read the backbone alone.")
+  warnings.warn(f"{hf_dir} holds an Lngram v2 memory ({names[0]}, layers "
+                f"{entry.get('layers')}) that is not read: only the backbone is loaded.",
+                UserWarning, stacklevel=3)
+
+
 def fill_backbone(model: DecoderLM, hf_dir, *, mesh=None, rules=None) -> dict:
   """Sets every backbone parameter of `model` (abstract or concrete) from the checkpoint.
 
   Parameters the checkpoint has no tensor for (memory and beside-FFN branches)
-  keep their values; in an abstract model that is an error. Returns {"copied",
-  "fresh" (paths left as they were)}.
+  keep their values; in an abstract model that is an error. An untied model
+  reads lm_head.weight even where config.json ties (load_hf's choice for a
+  distinct head); a tied one is refused when that head differs from the
+  embedding. Returns {"copied", "fresh" (paths left as they were)}.
   """
-  hf_config = hf_lm_config(read_config_json(hf_dir), dtype=model.config.dtype,
-                           param_dtype=model.config.param_dtype)
-  check_matches(hf_config, model.config)
+  hf = read_config_json(hf_dir)
+  check_memory_files(hf_dir, hf)
+  hf_config = hf_lm_config(hf, dtype=model.config.dtype, param_dtype=model.config.param_dtype)
   ckpt = Checkpoint(hf_dir)
+  if hf_config.tie_embeddings and HEAD in ckpt.names():
+    if not model.config.tie_embeddings:
+      hf_config = dataclasses.replace(hf_config, tie_embeddings=False)
+    elif head_differs(ckpt):
+      raise HFCheckpointError(
+          f"{_untied_head_note(hf_dir)}; a tied model would drop that head, which "
+          "transformers 5 keeps. Set tie_word_embeddings to false in config.json to read "
+          "it untied.")
+  check_matches(hf_config, model.config)
   check_tensors(ckpt, model.config)
   targets = param_targets(model.config, qwen3_moe.layout_of(ckpt.names()))
   sharding_of = None
@@ -128,7 +193,8 @@ def load_hf(hf_dir, *, config: LMConfig | None = None, mesh=None, rules=None, dt
   """(model, config) of a Hugging Face checkpoint directory.
 
   config: the LMConfig to build (e.g. with memory slots; its backbone fields
-  must match config.json); default the checkpoint's own, with dtype /
+  must match config.json); default the checkpoint's own (untied when a tied
+  config.json sits beside a distinct lm_head.weight), with dtype /
   param_dtype (default the checkpoint's) and max_len (default
   max_position_embeddings). Branch parameters are drawn from their init
   (seed 0); the backbone is never drawn.
@@ -136,6 +202,13 @@ def load_hf(hf_dir, *, config: LMConfig | None = None, mesh=None, rules=None, dt
   if config is None:
     config = hf_lm_config(read_config_json(hf_dir), dtype=dtype, param_dtype=param_dtype,
                           max_len=max_len)
+    with warnings.catch_warnings():   # fill_backbone opens it again and says what it reads
+      warnings.simplefilter("ignore")
+      ckpt = Checkpoint(hf_dir)
+    if config.tie_embeddings and head_differs(ckpt):
+      warnings.warn(f"{_untied_head_note(hf_dir)}: loaded untied, keeping the head, as "
+                    "transformers 5 does.", UserWarning, stacklevel=2)
+      config = dataclasses.replace(config, tie_embeddings=False)
   abstract = nnx.eval_shape(lambda: DecoderLM(config, rngs=nnx.Rngs(0)))
   if config.memory_layers or config.ffn_branch_layers:
     model = DecoderLM(config, rngs=nnx.Rngs(0))

@@ -12,7 +12,8 @@ text_config gets their `pvm_layers` / `pvm_hidden_size`, so the authors'
 `PVMQwen3VLForConditionalGeneration.from_pretrained(out)` holds what we
 trained, and our import reads it back bit for bit (DESIGN.md §11.8).
 Without PVM layers this is a plain `Qwen3VLForConditionalGeneration`
-checkpoint. A run that came from a checkpoint keeps that config.json
+checkpoint. Like export-hf's LM path, `out` appears whole at the end or not
+at all (`new_directory`). A run that came from a checkpoint keeps that config.json
 (`hf_config.json` in the run): every field we do not model survives.
 """
 
@@ -26,11 +27,12 @@ import jax
 import numpy as np
 from flax import nnx
 
+from experiments.hf.atomic_dir import check_new_directory, new_directory
 from experiments.hf.names import to_hf
 from experiments.hf.pvm_format import pvm_text_fields, pvm_to_hf
 from experiments.hf.qwen3vl import ARCHITECTURE, MODEL_TYPE
 from experiments.hf.qwen3vl_names import _patch, _same, _t, _text_name, vision_targets
-from experiments.hf.safetensors_io import SINGLE_NAME, HFCheckpointError, write_file
+from experiments.hf.safetensors_io import SINGLE_NAME, write_file
 from experiments.trainer.optimizer import path_str
 
 SOURCE_CONFIG = "hf_config.json"
@@ -96,20 +98,16 @@ def qwen3vl_config_json(config, source: dict | None = None) -> dict:
 
 
 def export_qwen3vl(model, workdir, out, step: int) -> dict:
-  """Writes config.json + model.safetensors (+ the run's processor files) into `out`."""
-  out = Path(out).expanduser()
-  if out.exists() and (not out.is_dir() or any(out.iterdir())):
-    raise HFCheckpointError(f"--out={out} exists and is not empty; export-hf writes a new "
-                            "checkpoint directory.")
+  """Writes config.json + model.safetensors (+ the run's processor files) into `out`,
+  whole or not at all (experiments/hf/atomic_dir.py `new_directory`)."""
+  out = check_new_directory(out, "out", "export-hf", "checkpoint")
   workdir = Path(workdir)
   source_path = workdir / SOURCE_CONFIG
   source = json.loads(source_path.read_text()) if source_path.is_file() else None
   tensors = qwen3vl_to_hf(model)
-  created = not out.exists()
-  try:
-    out.mkdir(parents=True, exist_ok=True)
-    write_file(out / SINGLE_NAME, tensors, {"format": "pt"})
-    (out / "config.json").write_text(
+  with new_directory(out, "out", "export-hf", "checkpoint") as tmp:
+    write_file(tmp / SINGLE_NAME, tensors, {"format": "pt"})
+    (tmp / "config.json").write_text(
         json.dumps(qwen3vl_config_json(model.config, source), indent=2, sort_keys=True))
     # The processor files: the run's own copy (a stage run) or the run directory's (import-hf).
     for folder in (workdir / "processor", workdir):
@@ -117,10 +115,7 @@ def export_qwen3vl(model, workdir, out, step: int) -> dict:
         if path.is_file() and (path.name.startswith(("tokenizer", "chat_template",
                                                      "preprocessor", "special_tokens"))
                                or path.name == "generation_config.json"):
-          if not (out / path.name).exists():
-            shutil.copyfile(path, out / path.name)
-  except BaseException:
-    if created:
-      shutil.rmtree(out, ignore_errors=True)
-    raise
-  return {"out": str(out), "files": [SINGLE_NAME], "tensors": len(tensors), "step": int(step)}
+          if not (tmp / path.name).exists():
+            shutil.copyfile(path, tmp / path.name)
+  return {"out": str(out), "files": [SINGLE_NAME], "tensors": len(tensors), "step": int(step),
+          "left_out": []}

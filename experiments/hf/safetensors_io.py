@@ -10,6 +10,9 @@ copied until a caller slices or transposes it. bf16 comes from `ml_dtypes`.
 
 A checkpoint directory holds `model.safetensors`, or shards listed by
 `model.safetensors.index.json` (`weight_map`: tensor name -> file name).
+When it holds both, `model.safetensors` is read and the index ignored (with a
+warning), because transformers' `from_pretrained` looks for the single file
+first: the same directory must give the same weights in both.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -90,19 +94,27 @@ class SafetensorsFile:
 
 
 class Checkpoint:
-  """Every tensor of a checkpoint directory, single-file or sharded, by name."""
+  """Every tensor of a checkpoint directory, single-file or sharded, by name.
+
+  The single file first, then the index: transformers' order (a directory with
+  both reads `model.safetensors` there too).
+  """
 
   def __init__(self, hf_dir):
     self.dir = Path(hf_dir)
     index = self.dir / INDEX_NAME
-    if index.is_file():
+    if (self.dir / SINGLE_NAME).is_file():
+      files = None
+      if index.is_file():
+        warnings.warn(f"{self.dir} holds both {SINGLE_NAME} and {INDEX_NAME}: reading "
+                      f"{SINGLE_NAME}, as transformers does; the index and its shards are "
+                      "ignored.", UserWarning, stacklevel=2)
+    elif index.is_file():
       try:
         weight_map = json.loads(index.read_text())["weight_map"]
         files = {str(name): str(file) for name, file in weight_map.items()}
       except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise HFCheckpointError(f"{index}: not a safetensors index ({e!s}).") from None
-    elif (self.dir / SINGLE_NAME).is_file():
-      files = None
     else:
       other = sorted(p.name for p in self.dir.glob("*.bin"))
       hint = f" (found {other}: only safetensors are read)" if other else ""

@@ -18,6 +18,7 @@ untempered policy (log-softmax of the logits; GRPO's old log-probs) comes too.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -87,8 +88,9 @@ def generate(model, prompt_tokens_BxT, *, prompt_lengths=None, max_new_tokens: i
   if top_k is not None and not 1 <= top_k <= lm_config.vocab_size:
     raise ValueError(
         f"generate: top_k={top_k} must be in [1, vocab_size={lm_config.vocab_size}].")
-  if not greedy and temperature <= 0:
-    raise ValueError(f"generate: temperature={temperature} must be > 0 (or greedy=True).")
+  if not greedy and not (temperature > 0 and math.isfinite(temperature)):   # NaN fails `> 0`
+    raise ValueError(f"generate: temperature={temperature} must be a finite number > 0 (or "
+                     "greedy=True).")
   if prompt_lengths is not None and not hasattr(prompt_lengths, "shape"):
     prompt_lengths = np.asarray(prompt_lengths)
   if prompt_lengths is not None and tuple(prompt_lengths.shape) != (B,):

@@ -26,6 +26,9 @@ import sys
 from experiments.plan.report import format_plan, plan_run, refuse_mesh
 
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
+# The most host devices XLA:CPU compiles one program for (jaxlib 0.10.2: 2048 works; with
+# more, "Multiprocess computations aren't implemented on the CPU backend").
+MAX_CPU_DEVICES = 2048
 _CHILD = "LNGRAM_PLAN_SUBPROCESS"   # set in the rerun, so that it never reruns itself
 
 
@@ -81,6 +84,10 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
   n = math.prod(sizes.values())
   if target:
     tpu.topology_devices(target)   # libtpu missing or the topology refused: one line
+  elif n > MAX_CPU_DEVICES:
+    raise ValueError(f"--mesh has {n:,} devices; XLA:CPU compiles for at most "
+                     f"{MAX_CPU_DEVICES:,} host devices: plan a smaller mesh, or compile for "
+                     "the chips with --target=<TPU topology> (pip install -e '.[tpu]').")
   elif not provide_cpu_devices(n):
     if os.environ.get(_CHILD) or argv is None:
       raise ValueError(f"plan: could not get {n} XLA:CPU devices in this process (set "

@@ -51,6 +51,7 @@ def refuse_mesh(config, block: dict) -> dict[str, int]:
     from experiments.plan.qwen3vl import check_qwen3vl_mesh
     check_qwen3vl_mesh(config, sizes)
     return sizes
+  checks.check_blocks(config)
   mesh = AbstractMesh(tuple(sizes[a] for a in mesh_lib.AXES), tuple(mesh_lib.AXES))
   model = model_config(config)
   if getattr(model, "moe_layers", ()):   # each `expert` device holds whole experts

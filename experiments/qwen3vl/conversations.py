@@ -20,7 +20,8 @@ content or its closing <|im_end|> (the turn header and the newline after
 <|im_end|> are not trained). loss_mask[t] marks token t as a target.
 
 Rows are checked when the file is read (JSON, roles, <image> counts, image
-files present); images are read and preprocessed when an example is built.
+files present, an "answer" that is an integer, and with `require_answers` on
+every row); images are read and preprocessed when an example is built.
 Every refusal is one ValueError line naming the file and line.
 """
 
@@ -123,10 +124,26 @@ def build_example(messages: list[dict], processor, *, fixed_size=None) -> dict:
           "pixel_values": pixel_values, "image_grid_thw": grids}
 
 
+def check_answer(row: dict, *, required: bool) -> None:
+  """A row's "answer": absent (unless `required`) or an integer (a bool, a float such as
+  2.7 or a string such as "two" is refused: the reward compares integers)."""
+  if "answer" not in row or row["answer"] is None:
+    if required:
+      raise ValueError("no 'answer': Stage II needs an integer answer on every row "
+                       "(verifiable rewards).")
+    return
+  answer = row["answer"]
+  if isinstance(answer, bool) or not isinstance(answer, int):
+    raise ValueError(f"answer={answer!r} is not an integer.")
+
+
 class ConversationData:
   """The rows of a JSONL file as examples, built on access (images read then)."""
 
-  def __init__(self, path, processor, *, fixed_size: tuple[int, int] | None = None):
+  def __init__(self, path, processor, *, fixed_size: tuple[int, int] | None = None,
+               require_answers: bool = False):
+    """`require_answers`: every row must hold an integer "answer" (Stage II's verifiable
+    reward); an answer that is there is an integer either way."""
     self.path = Path(path)
     self.processor = processor
     self.fixed_size = None if fixed_size is None else tuple(fixed_size)
@@ -134,6 +151,7 @@ class ConversationData:
     self.messages = []
     for n, row in enumerate(self.rows):
       try:
+        check_answer(row, required=require_answers)
         messages = row_messages(row, self.path.parent)
         processor.render(messages)                  # roles, items, image turns
         for m in messages:

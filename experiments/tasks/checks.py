@@ -65,12 +65,30 @@ def _is_number(value) -> bool:
           and math.isfinite(value))
 
 
+LM_BLOCKS = ("model", "data", "optim", "train")
+
+
+def check_blocks(config) -> None:
+  """Refuses a config without a block its task reads, in one line (a config file that
+  builds its ConfigDict by hand may leave one out). The VLM stages check their own."""
+  if "vlm" in config or "qwen3vl" in config:
+    missing = [] if "train" in config else ["train"]
+  else:
+    missing = [b for b in LM_BLOCKS if b not in config]
+  if missing:
+    raise ValueError(f"the config has no {', '.join(missing)} block"
+                     f"{'s' if len(missing) > 1 else ''}: an LM config holds "
+                     f"{', '.join(LM_BLOCKS)} (start from experiments/configs/base.py's "
+                     "base_config()).")
+
+
 def check_experiment_config(config) -> None:
   """Rejects numbers a run cannot use (steps <= 0, a negative LR, ...), naming the field.
 
   Fields a config does not have are skipped (the LM and VLM configs differ);
   the model block is checked by its own config class (`lm_config`, `vlm_config`).
   """
+  check_blocks(config)
   for field, (ok, what) in _CHECKS.items():
     block, _, name = field.partition(".")
     if block not in config or name not in config[block]:

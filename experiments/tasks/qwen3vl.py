@@ -110,7 +110,8 @@ def build_model(config, processor):
 def _data(q, workdir: Path, processor) -> ConversationData:
   path = q.data.train or emoji_jsonl(workdir / "data", "train", int(q.data.emoji_n),
                                      task="count")
-  return ConversationData(path, processor, fixed_size=tuple(q.data.image_size))
+  return ConversationData(path, processor, fixed_size=tuple(q.data.image_size),
+                          require_answers=q.stage.name == "grpo")
 
 
 def qwen3vl_task(config, workdir, mesh=None) -> Task:

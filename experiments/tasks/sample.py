@@ -34,8 +34,14 @@ def encode(text: str) -> np.ndarray:
 
 
 def decode(tokens) -> str:
-  """Text of byte tokens (invalid UTF-8 sequences are replaced)."""
-  return bytes(np.asarray(tokens, np.uint8).tolist()).decode("utf-8", errors="replace")
+  """Text of byte tokens (invalid UTF-8 sequences are replaced); an id that is not a byte
+  is refused (a model whose vocabulary is not 256 bytes needs its tokenizer)."""
+  ids = np.asarray(tokens)
+  if ids.size and (ids.min() < 0 or ids.max() > 255):
+    raise ValueError(f"token id {int(ids.max() if ids.max() > 255 else ids.min())} is not a "
+                     "byte: decoding bytes needs a model of 256 ids (give the run its "
+                     "tokenizer.json).")
+  return bytes(ids.astype(np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
 def sample_text(model, prompts: list[str], *, max_new_tokens: int, seed: int = 0,
@@ -47,6 +53,12 @@ def sample_text(model, prompts: list[str], *, max_new_tokens: int, seed: int = 0
     raise ValueError("sample_text: every prompt must be a non-empty string.")
   codec = codec or _BYTES
   encoded = [codec.encode(p) for p in prompts]
+  vocab = int(model.config.vocab_size)
+  for p, e in zip(prompts, encoded, strict=True):
+    if e.size and int(e.max()) >= vocab:   # would index past the embedding: NaN logits
+      raise ValueError(f"the prompt {p[:40]!r} encodes to id {int(e.max())}, outside the "
+                       f"model's vocabulary of {vocab:,}: the tokenizer does not belong to "
+                       "this model.")
   lengths = np.asarray([e.size for e in encoded], np.int32)
   tokens_BxT = np.zeros((len(encoded), lengths.max()), np.int32)
   for i, e in enumerate(encoded):

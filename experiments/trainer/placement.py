@@ -78,8 +78,11 @@ def parse_mesh(text: str) -> dict[str, int]:
   block = {}
   for part in filter(None, (p.strip() for p in (text or "").split(","))):
     axis, sep, value = part.partition("=")
+    axis = axis.strip()
+    if sep and axis in block:
+      raise ValueError(f"--mesh={text!r}: {axis} is given twice; give each axis once.")
     try:
-      block[axis.strip()] = int(value)
+      block[axis] = int(value)
     except ValueError:
       sep = ""
     if not sep:

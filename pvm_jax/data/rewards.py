@@ -37,6 +37,8 @@ def format_reward(text: str) -> float:
 
 
 def accuracy_reward(text: str, target: int) -> float:
+  if isinstance(target, bool) or not isinstance(target, (int, np.integer)):
+    raise ValueError(f"the target answer {target!r} is not an integer.")   # 2.7 is not 2
   answer = parse_answer(text)
   return 1.0 if answer is not None and answer == int(target) else 0.0
 

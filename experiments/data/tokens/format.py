@@ -10,12 +10,14 @@ A data directory written by `prepare` (experiments/data/tokens/prepare.py):
     shards/NNNNN.offsets     int64 [docs + 1]: document d is tokens[o[d]:o[d+1]]
     shards/NNNNN.val         uint8 [docs]: 1 where the document is validation
     shards/NNNNN.done.json   the shard's source, counts and file digests
+    .lock                    held (flock) by the prepare-data run writing here
 
 Shard NNNNN holds the documents of source file NNNNN (sorted input order). Its
 files are written under temporary names and renamed when complete; the
 done-record is renamed last, so a shard without one is unfinished, whatever
-files it has, and a rerun redoes it. Readers map the files with `np.memmap`:
-host memory does not grow with the corpus.
+files it has, and a rerun redoes it. Temporary names carry the writer's pid
+(`NAME.<pid>.tmp`), so two processes never write one file. Readers map the files
+with `np.memmap`: host memory does not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARDS = "shards"
 PARTS = ("tokens", "offsets", "val")
+LOCK = ".lock"
 OFFSET_DTYPE = np.dtype("<i8")
 VAL_DTYPE = np.dtype("u1")
 
@@ -64,9 +67,15 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
   return digest.hexdigest()
 
 
+def tmp_path(path: Path) -> Path:
+  """This process's temporary name for `path` (renamed onto it when complete)."""
+  path = Path(path)
+  return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
 def write_json_atomic(path: Path, value) -> None:
   """Writes JSON under a temporary name, then renames: a reader sees all or nothing."""
-  tmp = path.with_name(path.name + ".tmp")
+  tmp = tmp_path(path)
   with open(tmp, "w") as f:
     f.write(json.dumps(value, indent=1, sort_keys=True) + "\n")
     f.flush()
@@ -96,8 +105,12 @@ def read_manifest(path: str | os.PathLike) -> dict:
     manifest = json.loads(file.read_text())
   except ValueError as e:
     raise TokenDataError(f"{file} is not valid JSON ({e}).") from None
-  version = manifest.get("format_version")
-  if not isinstance(version, int) or version > FORMAT_VERSION:
+  version = manifest.get("format_version") if isinstance(manifest, dict) else None
+  if not isinstance(version, int) or "shards" not in manifest:
+    raise TokenDataError(
+        f"{file} is not a prepare-data manifest (no format_version and shards); this "
+        "directory was not written by `lngram-exp prepare-data`.")
+  if version > FORMAT_VERSION:
     raise TokenDataError(
         f"{file} has format version {version!r}, newer than this code reads "
         f"({FORMAT_VERSION}); upgrade lngram-jax or prepare the data again.")

@@ -12,18 +12,33 @@ rest, so shards come out byte-identical to a run that was never interrupted.
 The validation split is by document: a document is validation when the first
 8 bytes of the sha256 of its UTF-8 text, read as a fraction of 2**64, are below
 `val_fraction` (the same document lands in the same split on every run).
+
+`out` is a new or empty directory, or one prepare-data wrote: it never writes
+among other files (a model checkpoint, another tokenizer's folder), and it
+replaces a `tokenizer.json` only when that file is its own (the tokenizer of the
+directory's manifest or shards) or the same tokenizer. One run at a time writes
+into `out` (an flock on `out/.lock`; a second run is refused at once). Nothing
+under `out` is read as input (experiments/data/tokens/sources.py). Workers die
+with the process that started them (a kill -9 of it leaves no orphan writing
+shards).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import ctypes
+import fcntl
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,14 +47,31 @@ import numpy as np
 
 from experiments.data.tokens import format as fmt
 from experiments.data.tokens.format import TokenDataError
-from experiments.data.tokens.sources import BadText, documents, list_inputs
+from experiments.data.tokens.sources import (
+    BadText,
+    documents,
+    first_line_is_json_object,
+    kind_of,
+    list_inputs,
+)
 from experiments.data.tokens.tokenizer import FILE as TOKENIZER_FILE
-from experiments.data.tokens.tokenizer import Encoder, TokenizerInfo, describe
+from experiments.data.tokens.tokenizer import (
+    FORCE_AFTER,
+    Encoder,
+    TokenizerInfo,
+    canonical_sha256,
+    describe,
+)
 
 log = logging.getLogger("experiments")
 
 VAL_FRACTION = 0.01
 _CHUNK_DOCS = 256
+_CHUNK_BYTES = 8 << 20   # one encode call's documents: at most this many bytes (or one)
+# What prepare-data writes under its directory (temporary names included).
+_SHARD_FILE = re.compile(r"\d{5,}\.(tokens|offsets|val|done\.json)(\.\d+)?(\.tmp)?")
+_TOP_TMP = re.compile(r"(manifest|tokenizer)\.json(\.\d+)?\.tmp")
+_PR_SET_PDEATHSIG = 1
 _CONVENTION = ("each document: its tokens (add_special_tokens=False), then eos if the "
                "tokenizer has one; no bos")
 _SPLIT_RULE = "sha256(document UTF-8)[:8] big-endian < val_fraction * 2**64 -> validation"
@@ -66,13 +98,20 @@ def _encoder(info: TokenizerInfo) -> Encoder:
   return _ENCODERS[info.sha256]
 
 
-def _chunks(items: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
-  chunk = []
+def _chunks(items: Iterator[bytes], size: int,
+            max_bytes: int = _CHUNK_BYTES) -> Iterator[list[bytes]]:
+  """Lists of up to `size` documents and `max_bytes` bytes (a longer document alone):
+  one encode call's worth, so memory does not grow with a file of long documents."""
+  chunk, held = [], 0
   for item in items:
+    if chunk and held + len(item) > max_bytes:
+      yield chunk
+      chunk, held = [], 0
     chunk.append(item)
+    held += len(item)
     if len(chunk) == size:
       yield chunk
-      chunk = []
+      chunk, held = [], 0
   if chunk:
     yield chunk
 
@@ -101,6 +140,33 @@ def _init_counter(counter, on_count=None) -> None:
   _COUNTER, _ON_COUNT = counter, on_count
 
 
+def _init_worker(counter, parent: int) -> None:
+  """A worker's initializer: counts tokens, and dies with `parent` (the prepare
+  process): a kill -9 of it must not leave workers writing shards under a rerun."""
+  if sys.platform.startswith("linux"):
+    try:   # the kernel kills us when the parent dies
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL))
+    except (OSError, AttributeError):
+      pass
+  if os.getppid() != parent:   # it died before prctl took effect
+    _die()
+  # Elsewhere (or should prctl fail): notice the re-parenting within a second.
+  threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+  _init_counter(counter)
+
+
+def _watch_parent(parent: int) -> None:
+  while os.getppid() == parent:
+    time.sleep(1.0)
+  _die()
+
+
+def _die() -> None:
+  """Ends this worker process (only ever a pool worker of `prepare`, never the user's
+  interpreter) the way its parent went: by SIGKILL, nothing flushed or cleaned up."""
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _count(tokens: int) -> None:
   if _COUNTER is not None:
     with _COUNTER.get_lock():
@@ -123,8 +189,9 @@ def make_shard(out: str, index: int, source: str, info: TokenizerInfo,
   # An older record must not outlive the files it described while they are rewritten.
   fmt.done_path(out, index).unlink(missing_ok=True)
   paths = {p: fmt.part_path(out, index, p) for p in fmt.PARTS}
-  tmp = {p: path.with_name(path.name + ".tmp") for p, path in paths.items()}
+  tmp = {p: fmt.tmp_path(path) for p, path in paths.items()}
   offsets, val = [0], []
+  forced = encoder.forced_cuts
   tokens_hash = hashlib.sha256()
   val_tokens = 0
   with open(tmp["tokens"], "wb") as f:
@@ -152,6 +219,11 @@ def make_shard(out: str, index: int, source: str, info: TokenizerInfo,
       os.fsync(f.fileno())
   for part in fmt.PARTS:
     os.replace(tmp[part], paths[part])
+  if encoder.forced_cuts > forced:   # a worker's warning goes to stderr as it is
+    log.warning("prepare-data: %s: cut %d time(s) inside a word, in stretches of over %d "
+                "characters without whitespace (to bound memory); the ids at those cuts may "
+                "differ from encoding the document in one call.", source,
+                encoder.forced_cuts - forced, FORCE_AFTER * encoder.piece_chars)
   record = {
       "index": index, "source": source, "source_sha256": source_sha256,
       "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
@@ -176,6 +248,7 @@ class _Progress:
     self.total, self.enabled, self.counter, self.files = total, enabled, counter, 0
     self.start = self.shown = time.perf_counter()
     self.tty = enabled and sys.stderr.isatty()
+    self.ended = False   # the last line is written once
 
   def file_done(self) -> None:
     self.files += 1
@@ -184,9 +257,9 @@ class _Progress:
   def show(self) -> None:
     now, last = time.perf_counter(), self.files == self.total
     every = 1.0 if self.tty else self._EVERY_S
-    if not self.enabled or not (last or now - self.shown >= every):
+    if not self.enabled or self.ended or not (last or now - self.shown >= every):
       return
-    self.shown = now
+    self.shown, self.ended = now, last
     tokens = self.counter.value
     line = (f"prepare-data: {self.files}/{self.total} files, {tokens:,} new tokens, "
             f"{tokens / max(now - self.start, 1e-9):,.0f} tokens/s")
@@ -199,25 +272,52 @@ def prepare(inputs: str, tokenizer: str, out: str, *, text_field: str = "text",
             progress: bool = True) -> dict:
   """Tokenizes `inputs` (files, folders, globs; comma-separated) with `tokenizer`
   ("bytes", a tokenizer.json or a directory holding one) into `out`; returns the
-  manifest. See the module docstring for resuming and the split."""
+  manifest. See the module docstring for resuming, the split and what `out` may hold."""
   if not 0.0 < val_fraction < 1.0:
     raise TokenDataError(f"val_fraction={val_fraction} must be in (0, 1).")
   if int(workers) < 1:
     raise TokenDataError(f"--workers={workers} must be >= 1.")
   BadText(on_bad_utf8)   # refuses an unknown mode before any work
   root = Path(out).expanduser()
-  if (root / fmt.MANIFEST).is_file():
-    fmt.read_manifest(root)   # refuses a directory of a newer format
   info = describe(tokenizer)
-  sources = list_inputs(inputs)
+  sources = list_inputs(inputs, exclude=root)
+  _check_out(root, out, info)
+  _warn_json_lines(sources)
   settings = _settings(info, text_field, val_fraction, on_bad_utf8)
-  (root / fmt.SHARDS).mkdir(parents=True, exist_ok=True)
+  root.mkdir(parents=True, exist_ok=True)
+  with _locked(root, out):
+    _remove_stale_tmp(root)
+    (root / fmt.SHARDS).mkdir(exist_ok=True)
+    records = _make_shards(root, sources, info, settings, int(workers), progress)
+    manifest = _manifest(info, settings, records)
+    if manifest["docs"] == 0:
+      skipped = manifest["skipped_bad_utf8"]
+      why = (f": all {skipped} document(s) were skipped as not UTF-8 text "
+             "(--on_bad_utf8=skip; pass --on_bad_utf8=error to name the first)"
+             if skipped else "")
+      raise TokenDataError(f"--input={inputs!r}: the {len(sources)} input file(s) hold no "
+                           f"document{why}.")
+    if manifest["skipped_bad_utf8"]:
+      log.warning("prepare-data: skipped %d document(s) that are not UTF-8 text.",
+                  manifest["skipped_bad_utf8"])
+    if info.path:   # the data directory carries its tokenizer (runs copy it from here)
+      tmp = fmt.tmp_path(root / TOKENIZER_FILE)
+      shutil.copyfile(info.path, tmp)
+      os.replace(tmp, root / TOKENIZER_FILE)
+    else:   # "bytes": a tokenizer.json of an earlier run here would be read as this data's
+      (root / TOKENIZER_FILE).unlink(missing_ok=True)
+    fmt.write_json_atomic(root / fmt.MANIFEST, manifest)
+  return manifest
+
+
+def _make_shards(root: Path, sources: list[str], info: TokenizerInfo, settings: dict,
+                 workers: int, progress: bool) -> list[dict]:
   # spawn: the caller may hold jax's or the tokenizer's threads, which fork would copy.
   context = multiprocessing.get_context("spawn")
   counter = context.Value("q", 0)
   bar = _Progress(len(sources), progress, counter)
   records: list[dict | None] = [None] * len(sources)
-  if int(workers) == 1:
+  if workers == 1:
     _init_counter(counter, bar.show)
     try:
       for i, source in enumerate(sources):
@@ -225,33 +325,134 @@ def prepare(inputs: str, tokenizer: str, out: str, *, text_field: str = "text",
         bar.file_done()
     finally:
       _init_counter(None)
-  else:
-    with concurrent.futures.ProcessPoolExecutor(int(workers), mp_context=context,
-                                                initializer=_init_counter,
-                                                initargs=(counter,)) as pool:
-      futures = {pool.submit(make_shard, str(root), i, s, info, settings): i
-                 for i, s in enumerate(sources)}
-      pending = set(futures)
-      while pending:   # wake every second to redraw the line between files
-        done, pending = concurrent.futures.wait(
-            pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
-        for future in done:
-          records[futures[future]] = future.result()
-          bar.file_done()
-        bar.show()
-  manifest = _manifest(info, settings, records)
-  if manifest["docs"] == 0:
-    raise TokenDataError(f"--input={inputs!r}: the {len(sources)} input file(s) hold no "
-                         "document.")
-  if manifest["skipped_bad_utf8"]:
-    log.warning("prepare-data: skipped %d document(s) that are not UTF-8 text.",
-                manifest["skipped_bad_utf8"])
-  if info.path:   # the data directory carries its tokenizer (runs copy it from here)
-    tmp = root / (TOKENIZER_FILE + ".tmp")
-    shutil.copyfile(info.path, tmp)
-    os.replace(tmp, root / TOKENIZER_FILE)
-  fmt.write_json_atomic(root / fmt.MANIFEST, manifest)
-  return manifest
+    return records
+  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                              initializer=_init_worker,
+                                              initargs=(counter, os.getpid())) as pool:
+    futures = {pool.submit(make_shard, str(root), i, s, info, settings): i
+               for i, s in enumerate(sources)}
+    pending = set(futures)
+    while pending:   # wake every second to redraw the line between files
+      done, pending = concurrent.futures.wait(
+          pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
+      for future in done:
+        records[futures[future]] = future.result()
+        bar.file_done()
+      bar.show()
+  return records
+
+
+def _ours(root: Path) -> set[str]:
+  """The tokenizer digests this directory's manifest and done-records were written with."""
+  digests = set()
+  try:
+    digests.add(json.loads((root / fmt.MANIFEST).read_text())["tokenizer"]["sha256"])
+  except (OSError, ValueError, KeyError, TypeError):
+    pass
+  for path in (root / fmt.SHARDS).glob("*.done.json"):
+    try:
+      digests.add(json.loads(path.read_text())["settings"]["tokenizer_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+      pass
+  return digests
+
+
+def _check_out(root: Path, out: str, info: TokenizerInfo) -> None:
+  """Refuses an `out` prepare-data must not write into: not a directory, a directory
+  of other files (no manifest.json or shards/ of ours), a manifest of another program
+  or a newer format, or a tokenizer.json prepare-data did not write."""
+  if not root.exists():
+    return
+  if not root.is_dir():
+    raise TokenDataError(f"--out={out!r} exists and is not a directory; prepare-data "
+                         "writes a data directory.")
+  if not {p.name for p in root.iterdir()} - {fmt.LOCK}:
+    return
+  if (root / fmt.MANIFEST).exists():
+    try:
+      fmt.read_manifest(root)
+    except TokenDataError as e:
+      raise TokenDataError(f"--out={out!r}: {e}".rstrip(".") + "; pass a new or empty "
+                           "--out.") from None
+  elif not _shards_of_ours(root):
+    raise TokenDataError(
+        f"--out={out!r} is not empty and is not a prepare-data directory (no {fmt.MANIFEST} "
+        f"or {fmt.SHARDS}/ of prepare-data); pass a new or empty --out: prepare-data never "
+        "writes among other files.")
+  existing = root / TOKENIZER_FILE
+  if existing.exists():
+    digest = canonical_sha256(existing)
+    if digest != info.sha256 and digest not in _ours(root):
+      raise TokenDataError(
+          f"--out={out!r}: {existing} is not a tokenizer this directory was prepared with, "
+          "and prepare-data never overwrites a file it did not write; pass a new --out "
+          "(or move that file away first).")
+
+
+def _shards_of_ours(root: Path) -> bool:
+  shards = root / fmt.SHARDS
+  return shards.is_dir() and all(_SHARD_FILE.fullmatch(p.name) for p in shards.iterdir())
+
+
+def _warn_json_lines(sources: list[str], command: str = "prepare-data") -> None:
+  """A plain-text input whose first line is a JSON object is probably JSON lines under
+  another name (`data.json`): it is still read as one document, with a warning."""
+  suspects = [s for s in sources if kind_of(s) == "text" and first_line_is_json_object(s)]
+  if suspects:
+    more = f" (and {len(suspects) - 1} more)" if len(suspects) > 1 else ""
+    log.warning("%s: %s%s is read as one plain-text document, but its first line is a "
+                "JSON object; if it holds JSON lines, rename it to .jsonl (one document per "
+                "line).", command, suspects[0], more)
+
+
+@contextlib.contextmanager
+def _locked(root: Path, out: str):
+  """Holds `root/.lock` (flock, non-blocking): a second prepare-data into the same
+  directory is refused at once rather than racing this one on its shards. The file
+  names the holder's pid; it is removed on exit, and left by a killed run, whose
+  lock the kernel released."""
+  path = root / fmt.LOCK
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      for _ in range(50):   # the holder writes its pid just after it takes the lock
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        if holder.isdigit():
+          break
+        time.sleep(0.01)
+      os.close(fd)
+      raise TokenDataError(
+          f"another prepare-data is writing into {out}"
+          + (f" (pid {holder})" if holder.isdigit() else "")
+          + "; wait for it to finish (or stop it) and rerun.") from None
+    try:   # the holder may have removed the file between our open and flock
+      same = os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    os.close(fd)
+  try:
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    yield
+  finally:
+    path.unlink(missing_ok=True)   # before the unlock: a next run makes a fresh file
+    os.close(fd)
+
+
+def _remove_stale_tmp(root: Path) -> None:
+  """Temporary files of killed runs (this run holds the lock: nobody else writes them)."""
+  for path in root.iterdir():
+    if _TOP_TMP.fullmatch(path.name):
+      path.unlink(missing_ok=True)
+  shards = root / fmt.SHARDS
+  if shards.is_dir():
+    for path in shards.iterdir():
+      if path.name.endswith(".tmp") and _SHARD_FILE.fullmatch(path.name):
+        path.unlink(missing_ok=True)
 
 
 def _manifest(info: TokenizerInfo, settings: dict, records: list[dict]) -> dict:
@@ -280,10 +481,12 @@ def _manifest(info: TokenizerInfo, settings: dict, records: list[dict]) -> dict:
 
 
 def tokenizer_texts(inputs: str = "", *, text_field: str = "text",
-                    val_fraction: float = VAL_FRACTION) -> Iterator[str]:
+                    val_fraction: float = VAL_FRACTION,
+                    exclude: str | os.PathLike | None = None) -> Iterator[str]:
   """The training-split texts a tokenizer is trained on: of `inputs`, or ("" or
   "stdlib") of the embedded standard-library corpus (experiments/data/corpus.py).
-  Documents that are not UTF-8 are skipped."""
+  Documents that are not UTF-8 are skipped. `exclude`: the tokenizer file being
+  written, never read as input (a rerun into a folder of the inputs)."""
   if inputs in ("", "stdlib"):
     from experiments.data.corpus import CorpusSpec, corpus_root, list_files
 
@@ -291,7 +494,8 @@ def tokenizer_texts(inputs: str = "", *, text_field: str = "text",
     root = corpus_root(spec)
     paths = [str(root / rel) for rel in list_files(spec)]
   else:
-    paths = list_inputs(inputs)
+    paths = list_inputs(inputs, exclude=exclude)
+    _warn_json_lines(paths, "train-tokenizer")
   bad = BadText("skip")
   for path in paths:
     for data in documents(path, text_field, bad):

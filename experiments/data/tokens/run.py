@@ -24,7 +24,12 @@ import numpy as np
 
 from experiments.data import validation
 from experiments.data.corpus import saved_steps
-from experiments.data.tokens.format import TokenDataError, check_tokenizer, write_json_atomic
+from experiments.data.tokens.format import (
+    TokenDataError,
+    check_tokenizer,
+    tmp_path,
+    write_json_atomic,
+)
 from experiments.data.tokens.rows import TokenBatches, TokenCorpus, token_eval_batches
 from experiments.data.tokens.tokenizer import FILE as TOKENIZER_FILE
 from experiments.data.tokens.tokenizer import Codec, describe
@@ -125,7 +130,14 @@ def val_doc_names(corpus: TokenCorpus) -> list[str]:
 def val_batches(corpus: TokenCorpus, dc, max_batches: int | None = None):
   """(validation batches, document names or None) of a data config: the per-document
   set when `data.val_doc_cap` > 0 (experiments/data/validation.py), else the first
-  `eval_batches` batches of the split in manifest order."""
+  `eval_batches` batches of the split in manifest order. A split without a
+  document of two tokens (nothing to predict) is refused with the remedy."""
+  docs = corpus.val_docs
+  if not (np.asarray(docs.length_D) >= 2).any():
+    raise TokenDataError(
+        f"data.path={str(corpus.root)!r}: its validation split holds {len(docs)} document(s) "
+        "and none of two tokens or more; prepare the data again with a larger --val_fraction "
+        f"(it was {corpus.manifest['split']['val_fraction']}) or more documents.")
   return validation.config_batches(
       corpus.val_docs, val_doc_names(corpus), dc, max_batches=max_batches,
       default=lambda: token_eval_batches(corpus, seq_len=dc.seq_len,
@@ -188,7 +200,7 @@ def record_run(corpus: TokenCorpus, workdir) -> None:
   write_json_atomic(path, _record(corpus))
   source = corpus.root / TOKENIZER_FILE
   if source.is_file():
-    tmp = workdir / (TOKENIZER_FILE + ".tmp")
+    tmp = tmp_path(workdir / TOKENIZER_FILE)
     shutil.copyfile(source, tmp)
     os.replace(tmp, workdir / TOKENIZER_FILE)
 

@@ -8,6 +8,13 @@ An input is a comma-separated list of files, folders and globs. By name:
 In folders, hidden entries and binary files (a NUL byte in the first 8 KiB)
 are skipped, as for the byte-level corpus (experiments/data/corpus.py).
 
+A file is read once however many names reach it (compared by `os.path.realpath`:
+`a.jsonl,./a.jsonl,/abs/a.jsonl` and a symlink are one input). Nothing under the
+command's own output (`exclude`) is ever an input: a folder that holds the output
+(`--input=corpus --out=corpus/prepared`) is listed without it, so a rerun does
+not read back the manifest, tokenizer and done-records it wrote; naming the output
+itself, or an input inside it, is refused (the output would swallow its input).
+
 A document is yielded as its UTF-8 bytes; text that is not UTF-8 is counted
 and skipped (`on_bad_utf8="skip"`) or refused (`"error"`).
 """
@@ -43,43 +50,88 @@ def _is_text(path: Path) -> bool:
     return b"\0" not in f.read(_SNIFF_BYTES)
 
 
-def _walk(root: Path) -> list[str]:
+def _under(path: str, root: str | None) -> bool:
+  """Whether real path `path` is `root` or inside it."""
+  return root is not None and (path == root or path.startswith(root.rstrip(os.sep) + os.sep))
+
+
+def _walk(root: Path, exclude: str | None = None) -> list[str]:
   found = []
   for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                         and not _under(os.path.realpath(os.path.join(dirpath, d)), exclude))
     for name in filenames:
       path = Path(dirpath) / name
-      if name.startswith(".") or not path.is_file():
+      if name.startswith(".") or not path.is_file() or _under(os.path.realpath(path), exclude):
         continue
       if kind_of(name) != "text" or _is_text(path):
         found.append(str(path))
   return found
 
 
-def list_inputs(spec: str) -> list[str]:
+def list_inputs(spec: str, *, exclude: str | os.PathLike | None = None,
+                what: str = "--out") -> list[str]:
   """The files named by a comma-separated list of files, folders and globs (sorted,
-  each once); refuses a name that matches nothing and an input with no file."""
-  found: set[str] = set()
+  each file once however it is spelled); refuses a name that matches nothing and an
+  input with no file. `exclude`: the command's output (`what` names it in errors),
+  never read as input: skipped inside a listed folder or among a glob's matches,
+  refused when named itself, when it holds a named input, or when it holds every
+  match of a glob."""
+  out = None if exclude is None else os.path.realpath(os.path.expanduser(exclude))
+  found: list[str] = []
+
+  def refuse_inside(entry: str) -> None:
+    real = os.path.realpath(os.path.expanduser(entry))
+    if _under(real, out):
+      relation = "is" if real == out else "is inside"
+      raise TokenDataError(
+          f"--input: {entry!r} {relation} {what}={str(exclude)!r}: the output would be read "
+          f"back as input; write {what} outside the inputs (a folder inside an input folder "
+          "is fine: its files are never read).")
+
   for entry in (e.strip() for e in str(spec).split(",")):
     if not entry:
       continue
     path = Path(entry).expanduser()
     if path.is_dir():
-      found.update(_walk(path))
+      refuse_inside(entry)
+      found.extend(_walk(path, out))
     elif path.is_file():
-      found.add(str(path))
+      refuse_inside(entry)
+      found.append(str(path))
     elif glob.has_magic(entry):
       matches = sorted(glob.glob(os.path.expanduser(entry), recursive=True))
       if not matches:
         raise TokenDataError(f"--input: {entry!r} matches no file.")
-      for match in matches:
-        found.update(_walk(Path(match)) if Path(match).is_dir() else [match])
+      outside = [m for m in matches if not _under(os.path.realpath(m), out)]
+      if not outside:   # every match is the output's: the glob names nothing else
+        refuse_inside(matches[0])
+      for match in outside:
+        found.extend(_walk(Path(match), out) if Path(match).is_dir() else [match])
     else:
       raise TokenDataError(f"--input: {entry!r} is not a file, a folder or a glob that "
                            "matches one.")
-  if not found:
+  # One file, one input: the first spelling in sorted order stands for all of them.
+  unique: dict[str, str] = {}
+  for name in sorted(found):
+    unique.setdefault(os.path.realpath(name), name)
+  if not unique:
     raise TokenDataError(f"--input={spec!r} names no input file (empty folders?).")
-  return sorted(found)
+  return sorted(unique.values())
+
+
+def first_line_is_json_object(path: str, limit: int = 1 << 20) -> bool:
+  """Whether a file read as plain text starts with a line that is a JSON object (it
+  is probably JSON lines under another name, e.g. `data.json`); reads <= `limit` bytes."""
+  with open(path, "rb") as f:
+    head = f.read(limit)
+  line = head.split(b"\n", 1)[0].strip()
+  if not line.startswith(b"{"):
+    return False
+  try:
+    return isinstance(json.loads(line), dict)
+  except ValueError:
+    return False
 
 
 class BadText:

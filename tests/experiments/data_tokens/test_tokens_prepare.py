@@ -182,7 +182,8 @@ def test_the_progress_line_counts_new_tokens(corpus_inputs, tmp_path, capsys, wo
   manifest = prepare(spec, str(tokenizer), str(tmp_path), workers=workers,
                      val_fraction=VAL_FRACTION)
   n = len(files)
-  assert f"prepare-data: {n}/{n} files, {manifest['tokens']:,} new tokens, " in \
-      capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert f"prepare-data: {n}/{n} files, {manifest['tokens']:,} new tokens, " in err
+  assert err.count(f"prepare-data: {n}/{n} files") == 1, err   # the last line once
   prepare(spec, str(tokenizer), str(tmp_path), workers=workers, val_fraction=VAL_FRACTION)
   assert f"prepare-data: {n}/{n} files, 0 new tokens, 0 tokens/s" in capsys.readouterr().err

@@ -99,6 +99,7 @@ def test_truncated_and_corrupt_files(qwen3_dir):
   refused(qwen3_dir, "truncated")
   path.write_bytes(data[:8] + b"\xff" * 16 + data[24:])
   refused(qwen3_dir, "corrupt")
+  path.unlink()   # beside model.safetensors an index is not read (transformers' order)
   (qwen3_dir / "model.safetensors.index.json").write_text("{")
   refused(qwen3_dir, "model.safetensors.index.json")
 
