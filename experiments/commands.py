@@ -163,6 +163,8 @@ def plan_command(config, mesh: str | None = None, *, accelerator: str = "h100",
 def configs_command() -> int:
   """Prints every config file with the first line of its docstring."""
   from experiments.configs import config_files, purpose
-  for path in config_files():
-    print(f"{path.name:<18} {purpose(path)}")
+  files = config_files()
+  width = max((len(p.name) for p in files), default=0)   # the longest name, then two spaces
+  for path in files:
+    print(f"{path.name:<{width}}  {purpose(path)}")
   return 0

@@ -21,7 +21,8 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "import-hf": "a Hugging Face checkpoint (Qwen3, Llama, Qwen2) as a run directory",
+    "import-hf": "a Hugging Face checkpoint (Qwen3, Qwen3-MoE, Llama, Qwen2, Qwen3-VL) as a "
+                 "run directory",
     "export-hf": "an LM run's backbone as a Hugging Face checkpoint in --out",
 }
 # --out and --step are defined by experiments/data_commands.py and experiments/cli/.

