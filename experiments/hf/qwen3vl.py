@@ -35,6 +35,10 @@ from experiments.qwen3vl.model import Qwen3VL
 
 MODEL_TYPE = "qwen3_vl"
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
+# What a checkpoint may name: transformers' class, or the PVM paper authors' subclass
+# (their `save_pretrained` writes its own name; the tensors and config fields are the
+# layout read here). Exports keep writing ARCHITECTURE, which both load.
+ARCHITECTURES_READ = (ARCHITECTURE, "PVMQwen3VLForConditionalGeneration")
 _VISION_FIELDS = ("depth", "hidden_size", "num_heads", "intermediate_size", "patch_size",
                   "temporal_patch_size", "spatial_merge_size", "in_channels",
                   "out_hidden_size", "num_position_embeddings")
@@ -63,9 +67,10 @@ def qwen3vl_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> Q
     raise HFCheckpointError(f"config.json: model_type {hf.get('model_type')!r} is not "
                             f"{MODEL_TYPE!r}.")
   archs = hf.get("architectures") or [ARCHITECTURE]
-  if archs != [ARCHITECTURE]:
+  if len(archs) != 1 or archs[0] not in ARCHITECTURES_READ:
     raise HFCheckpointError(f"config.json: architectures {archs} is not supported for "
-                            f"model_type {MODEL_TYPE!r} (supported: [{ARCHITECTURE!r}]).")
+                            f"model_type {MODEL_TYPE!r} (supported: one of "
+                            f"{list(ARCHITECTURES_READ)}).")
   vision, text = hf.get("vision_config"), hf.get("text_config")
   if not isinstance(vision, dict) or not vision:
     raise HFCheckpointError(f"config.json: no vision_config; {_NO_TOWER}.")

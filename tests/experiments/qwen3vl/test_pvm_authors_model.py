@@ -18,6 +18,7 @@ of different sizes and a text-only row:
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -167,6 +168,24 @@ def test_authors_checkpoint_gives_their_logits(checkpoints):
   # The branches matter at this scale: without them the logits differ by O(1).
   base = _torch_logits(_hf_model(), inputs)
   assert np.abs(base - want)[inputs["attention_mask"].astype(bool)].max() > 0.1
+
+
+def test_a_checkpoint_saved_by_their_class_name_imports(checkpoints, tmp_path):
+  """Their PVMQwen3VLForConditionalGeneration writes its own name in `architectures`:
+  read like transformers' class, the same logits; any other name is refused."""
+  root, _ = checkpoints
+  theirs = tmp_path / "theirs"
+  shutil.copytree(root / "pvm", theirs)
+  config = json.loads((theirs / "config.json").read_text())
+  config["architectures"] = ["PVMQwen3VLForConditionalGeneration"]
+  (theirs / "config.json").write_text(json.dumps(config))
+  inputs = _inputs()
+  want = vlm_logits(load_qwen3vl(root / "pvm")[0], inputs)
+  np.testing.assert_array_equal(vlm_logits(load_qwen3vl(theirs)[0], inputs), want)
+  config["architectures"] = ["SomethingElseForConditionalGeneration"]
+  (theirs / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="PVMQwen3VLForConditionalGeneration"):
+    load_qwen3vl(theirs)
 
 
 def test_export_loads_into_their_model_and_imports_back_bit_for_bit(checkpoints, tmp_path):
