@@ -14,7 +14,6 @@ config's.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import ml_collections
@@ -79,14 +78,9 @@ def with_hf_backbone(config):
                     param_dtype=config.model.get("param_dtype"))
   if config.get("data", {}).get("kind", "bytes") == "bytes":
     check_byte_data(config.init_from, hf_dir, lm.vocab_size)
-  if lm.tie_embeddings:
-    # config.json ties, yet the files may hold a distinct lm_head.weight: transformers 5
-    # keeps it, and so does the import (experiments/hf/load.py), so the run is untied.
-    from experiments.hf.load import head_differs
-    from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, Checkpoint
-    has_weights = any((Path(hf_dir) / name).is_file() for name in (SINGLE_NAME, INDEX_NAME))
-    if has_weights and head_differs(Checkpoint(hf_dir)):   # a config.json alone: planning
-      lm = dataclasses.replace(lm, tie_embeddings=False)
+  # A distinct lm_head.weight beside a tied config.json: untied, as the import reads it.
+  from experiments.hf.load import untied_if_head_differs
+  lm = untied_if_head_differs(lm, hf_dir)
   config = ml_collections.ConfigDict(config.to_dict())
   set_backbone(config.model, lm, check=True)
   return config

@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding
 from experiments.hf import qwen3_moe
 from experiments.hf.config import check_matches, hf_lm_config, read_config_json
 from experiments.hf.names import hf_shapes, ignorable, param_targets
-from experiments.hf.safetensors_io import Checkpoint, HFCheckpointError
+from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, Checkpoint, HFCheckpointError
 from experiments.models.config import LMConfig
 from experiments.models.lm import DecoderLM
 from experiments.trainer.optimizer import path_str
@@ -131,6 +131,19 @@ def head_differs(ckpt: Checkpoint) -> bool:
              for i in range(0, head.shape[0], rows))
 
 
+def untied_if_head_differs(config, hf_dir):
+  """`config` untied when config.json ties but the files hold an lm_head.weight other
+  than the embedding (transformers 5 keeps that head); else `config` itself. A
+  directory with config.json alone (a plan from shapes) is left as it is."""
+  if not config.tie_embeddings or not any(
+      (Path(hf_dir) / name).is_file() for name in (SINGLE_NAME, INDEX_NAME)):
+    return config
+  with warnings.catch_warnings():   # fill_backbone opens it again and says what it reads
+    warnings.simplefilter("ignore")
+    ckpt = Checkpoint(hf_dir)
+  return dataclasses.replace(config, tie_embeddings=False) if head_differs(ckpt) else config
+
+
 def _untied_head_note(hf_dir) -> str:
   return (f"{hf_dir}: config.json ties the output layer to the embeddings "
           f"(tie_word_embeddings=true) but {HEAD} differs from {EMBED}")
@@ -202,13 +215,11 @@ def load_hf(hf_dir, *, config: LMConfig | None = None, mesh=None, rules=None, dt
   if config is None:
     config = hf_lm_config(read_config_json(hf_dir), dtype=dtype, param_dtype=param_dtype,
                           max_len=max_len)
-    with warnings.catch_warnings():   # fill_backbone opens it again and says what it reads
-      warnings.simplefilter("ignore")
-      ckpt = Checkpoint(hf_dir)
-    if config.tie_embeddings and head_differs(ckpt):
+    untied = untied_if_head_differs(config, hf_dir)
+    if untied is not config:
       warnings.warn(f"{_untied_head_note(hf_dir)}: loaded untied, keeping the head, as "
                     "transformers 5 does.", UserWarning, stacklevel=2)
-      config = dataclasses.replace(config, tie_embeddings=False)
+      config = untied
   abstract = nnx.eval_shape(lambda: DecoderLM(config, rngs=nnx.Rngs(0)))
   if config.memory_layers or config.ffn_branch_layers:
     model = DecoderLM(config, rngs=nnx.Rngs(0))
