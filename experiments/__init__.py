@@ -7,7 +7,7 @@ arXiv 2605.24869); "Persistent Visual Memory: Sustaining Perception for Deep
 Generation in LVLMs", arXiv 2605.00814. Layout and conventions: DESIGN.md §6.
 
 Every run (LM, VLM stage 0, Stage I, Stage II) trains through
-`experiments.tasks.run_train` (over the task-agnostic `experiments.trainer.train`)
+`experiments.jobs.run_train` (over the task-agnostic `experiments.trainer.train`)
 and restores with `experiments.restore`. The models
 and decoding (`experiments.models`) import nothing from the data stack, so they
 also run where grain is not installed.
@@ -21,6 +21,6 @@ __all__ = ["restore"]
 
 def __getattr__(name):
   if name == "restore":
-    from experiments.tasks.restore import restore
+    from experiments.jobs.restore import restore
     return restore
   raise AttributeError(f"module 'experiments' has no attribute {name!r}")

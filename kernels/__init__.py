@@ -21,6 +21,6 @@ kernels on CPU: interpret mode and lowering checks).
 
 Shape legend (DESIGN.md §1): BT tokens (B·T flattened), R memory rows per token
 (routes), Dr row width (the route-token width), Dm width of one table row,
-Hq query heads. `python -m experiments.bench.kernels` times the kernels
+Hq query heads. `python -m experiments.tools.bench.kernels` times the kernels
 against XLA.
 """

@@ -121,14 +121,17 @@ def kv_weights(p: LngramParams, config: LngramConfig):
   return w[:, 0], w[:, 1]
 
 
-def plain_lookup(config: LngramConfig, *, segment_ids=None, valid=None) -> LookupFn:
-  """The unsharded lookup piece: `ngram_lookup` with the config's surrogate."""
+def plain_lookup(config: LngramConfig, *, segment_ids=None, valid=None,
+                 surrogate_impl: str = "auto") -> LookupFn:
+  """The unsharded lookup piece: `ngram_lookup` with the config's surrogate, its
+  backward computed by `surrogate_impl` (`ngram_lookup`'s argument)."""
   c = config
 
   def lookup(table_ExDm, logits_BxTxRxM, order):
     return ngram_lookup(table_ExDm, logits_BxTxRxM, order=order, bits=c.bits,
                         segment_ids=segment_ids, valid=valid, surrogate=c.surrogate,
-                        tau=c.surrogate_tau, scale=c.surrogate_scale)
+                        tau=c.surrogate_tau, scale=c.surrogate_scale,
+                        surrogate_impl=surrogate_impl)
 
   return lookup
 
@@ -197,7 +200,8 @@ def output(p: LngramParams, config: LngramConfig, o_BxTxHqxDh, *, valid=None, co
 
 def forward(p: LngramParams, config: LngramConfig, h_BxTxD, *, segment_ids=None,
             valid=None, lookup: LookupFn | None = None, readout: ReadoutFn | None = None,
-            read: Callable | None = None, conv: ConvFn | None = None):
+            read: Callable | None = None, conv: ConvFn | None = None,
+            surrogate_impl: str = "auto"):
   """The delta Y: [B, T, D] and its `Trace`.
 
   Args:
@@ -211,6 +215,8 @@ def forward(p: LngramParams, config: LngramConfig, h_BxTxD, *, segment_ids=None,
       layer's (`plain_lookup`, the config's readout form, `short_conv`).
     read: `read(p, config, q, logits) -> (o, lse)` replacing lookup, memory
       norm and readout together (the fused kernel).
+    surrogate_impl: the default lookup's backward implementation (`ngram_lookup`'s
+      argument); a `lookup` or `read` given passes its own.
   """
   c = config
   h_BxTxD = h_BxTxD.astype(c.dtype)
@@ -224,8 +230,8 @@ def forward(p: LngramParams, config: LngramConfig, h_BxTxD, *, segment_ids=None,
   if read is None:
     read = functools.partial(
         read_memory,
-        lookup=plain_lookup(c, segment_ids=segment_ids, valid=valid) if lookup is None
-        else lookup,
+        lookup=plain_lookup(c, segment_ids=segment_ids, valid=valid,
+                            surrogate_impl=surrogate_impl) if lookup is None else lookup,
         readout=form_readout(c) if readout is None else readout)
   o_BxTxHqxDh, lse_BxTxHq = read(p, c, q_BxTxHqxDh, logits_BxTxRxM)
   if conv is None:

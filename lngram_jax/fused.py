@@ -40,7 +40,7 @@ from lngram_jax import checks, core
 from lngram_jax.addressing import codes_from_logits, ngram_rows
 from lngram_jax.config import LngramConfig
 from lngram_jax.lookup import (
-    default_surrogate_impl,
+    check_surrogate_impl,
     resolve_surrogate_impl,
     surrogate_logit_grad,
     table_cotangent,
@@ -57,15 +57,17 @@ class FusedSpec:
   block_sizes: kernel tiles; None = `BlockSizes.get_default("triton", Dr)`.
   interpret: run the kernels in interpret mode; None = everywhere but on a GPU (chosen
     per lowering platform by `fused_readout`).
-  surrogate_impl: the lookup backward's `surrogate_impl` (DESIGN.md §2.7); None = the
-    module default when the backward is traced. `fused_read` fixes it when the forward
-    is traced: the backward may be traced outside a `use_surrogate_impl` context.
+  surrogate_impl: the lookup backward's `surrogate_impl` (DESIGN.md §2.7), "auto" by
+    default; `fused_read` passes the layer's.
   """
 
   config: LngramConfig
   block_sizes: BlockSizes | None = None
   interpret: bool | None = None
-  surrogate_impl: str | None = None
+  surrogate_impl: str = "auto"
+
+  def __post_init__(self):
+    check_surrogate_impl(self.surrogate_impl)
 
   @property
   def blocks(self) -> BlockSizes:
@@ -86,9 +88,11 @@ class FusedSpec:
 
 
 def unfused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams,
-                    config: LngramConfig, *, sink_logit=None, segment_ids=None, valid=None):
+                    config: LngramConfig, *, sink_logit=None, segment_ids=None, valid=None,
+                    surrogate_impl: str = "auto"):
   """The same op unfused, (o, lse): lookup (surrogate vjp), concat, RMSNorm, absorbed."""
-  lookup = core.plain_lookup(config, segment_ids=segment_ids, valid=valid)
+  lookup = core.plain_lookup(config, segment_ids=segment_ids, valid=valid,
+                             surrogate_impl=surrogate_impl)
   return core.read_memory(p, config, q_BxTxHqxDh, logits_BxTxRxM, lookup=lookup,
                           readout=functools.partial(absorbed_readout, return_lse=True),
                           sink_logit=sink_logit)
@@ -138,8 +142,9 @@ def fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: Fused
 
   def unfused_tpu(q_BxTxHqxDh, logits_BxTxRxM, p, sink_logit):
     from lngram_jax.pallas import pallas_readout  # the Mosaic kernel under a TPU lowering
-    # The lookup's backward takes the module's surrogate_impl, as the fused one does.
-    lookup = core.plain_lookup(c, segment_ids=segment_ids, valid=valid)
+    # The lookup's backward takes the spec's surrogate_impl, as the fused one does.
+    lookup = core.plain_lookup(c, segment_ids=segment_ids, valid=valid,
+                               surrogate_impl=spec.surrogate_impl)
     return core.read_memory(p, c, q_BxTxHqxDh, logits_BxTxRxM, lookup=lookup,
                             readout=functools.partial(pallas_readout, return_lse=True),
                             sink_logit=sink_logit)
@@ -169,9 +174,12 @@ def _fused(q_BxTxHqxDh, logits_BxTxRxM, p: core.LngramParams, spec: FusedSpec, *
 
 
 def fused_read(p: core.LngramParams, config: LngramConfig, q_BxTxHqxDh, logits_BxTxRxM, *,
-               segment_ids=None, valid=None):
-  """The core's `read` piece for `readout="pallas_fused"`: (o, lse)."""
-  spec = FusedSpec(config, surrogate_impl=default_surrogate_impl())
+               segment_ids=None, valid=None, surrogate_impl: str = "auto"):
+  """The core's `read` piece for `readout="pallas_fused"`: (o, lse).
+
+  surrogate_impl: the lookup backward's implementation (`ngram_lookup`'s argument).
+  """
+  spec = FusedSpec(config, surrogate_impl=surrogate_impl)
   return fused_readout(q_BxTxHqxDh, logits_BxTxRxM, p, spec, segment_ids=segment_ids,
                        valid=valid)
 

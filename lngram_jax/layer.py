@@ -14,6 +14,7 @@ from flax import nnx
 
 from lngram_jax import checks, core
 from lngram_jax.config import LngramConfig
+from lngram_jax.lookup import check_surrogate_impl
 
 
 def _normal(std):
@@ -33,10 +34,18 @@ class LngramV2(nnx.Module):
     mem_norm      [Dr], w_kv [Dr, 2·Hkv·Dh]  first Hkv·Dh columns are K, rest V.
     w_o           [Hq·Dh, D]          zero-init.
     conv_norm     [D], conv_kernel [W, D]  zero-init.
+
+  `surrogate_impl` ("auto", "gather", "blocks" or "triton"; `lngram_jax.lookup`,
+  DESIGN.md §2.7) is how the router's surrogate gradient is computed (the same maths
+  in each): an attribute of the layer, not a parameter and not in the config, so
+  checkpoints do not depend on it. A jitted call runs the value it was traced with;
+  `set_surrogate_impl` sets it on every layer of a model.
   """
 
-  def __init__(self, config: LngramConfig, *, rngs: nnx.Rngs):
+  def __init__(self, config: LngramConfig, *, rngs: nnx.Rngs, surrogate_impl: str = "auto"):
+    check_surrogate_impl(surrogate_impl)
     self.config = config
+    self.surrogate_impl = surrogate_impl
     c = config
     d, R, M, Dr = c.d_model, c.routes, c.bits, c.route_dim
     pd = c.param_dtype
@@ -74,15 +83,32 @@ class LngramV2(nnx.Module):
     """
     c = self.config
     checks.check_layer_inputs(c.d_model, h_BxTxD, segment_ids, valid)
+    impl = self.surrogate_impl
+    check_surrogate_impl(impl)   # it may have been set after construction
     read = None
     if c.readout == "pallas_fused":
       from lngram_jax.fused import fused_read  # imports the kernels only when used
-      read = functools.partial(fused_read, segment_ids=segment_ids, valid=valid)
+      read = functools.partial(fused_read, segment_ids=segment_ids, valid=valid,
+                               surrogate_impl=impl)
     y_BxTxD, trace = core.forward(self.param_arrays(), c, h_BxTxD, segment_ids=segment_ids,
-                                  valid=valid, read=read)
+                                  valid=valid, read=read, surrogate_impl=impl)
     if not return_aux:
       return y_BxTxD
     return y_BxTxD, core.aux_outputs(c, trace)
+
+
+def set_surrogate_impl(model: nnx.Module, impl: str) -> int:
+  """Sets `surrogate_impl` on every `LngramV2` in `model` (itself included).
+
+  For a model that builds its layers itself; set it before the model is split or
+  jitted (a traced graph keeps the value it was traced with). Returns the number of
+  layers set.
+  """
+  check_surrogate_impl(impl)
+  layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LngramV2)]
+  for layer in layers:
+    layer.surrogate_impl = impl
+  return len(layers)
 
 
 def param_count(config: LngramConfig) -> dict[str, int]:

@@ -23,13 +23,14 @@ candidate rows, windows in chunks). The brute-force loops they are both tested
 against are `lngram_jax.reference`. A third, "triton" (`surrogate_pallas`,
 one-bit only, opt-in), computes the one-bit scores and the table gradient in one
 Pallas kernel; for the other surrogates it runs what "auto" runs. The choice is
-`surrogate_impl=`, else the module default (`use_surrogate_impl`), "auto":
-whichever `experiments.bench.layer` measured faster for that surrogate.
+the argument `surrogate_impl=` (the layer's `surrogate_impl` attribute passes it
+down), default "auto": whichever `experiments.tools.bench.layer` measured faster
+for that surrogate. It is an argument, not a global switch, so a jitted function
+runs the implementation it was given.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
@@ -42,8 +43,7 @@ from lngram_jax.surrogate_blocks import surrogate_logit_grad_blocks, table_cotan
 from lngram_jax.surrogate_pallas import onebit_cotangents
 
 SURROGATE_IMPLS = ("auto", "gather", "blocks", "triton")
-_default_impl = ["auto"]
-# What "auto" runs: what experiments.bench.layer measured faster (BENCHMARKS.md,
+# What "auto" runs: what experiments.tools.bench.layer measured faster (BENCHMARKS.md,
 # "Surrogate backward in blocks"). fwd+bwd over `none`, same run, CPU: shape
 # cpu_r16 onebit 1.36-1.43x blocks vs 1.84-1.89x gather; exact 1.76x vs 2.05x in
 # one run of three, even within noise in the other two; gpu_width onebit 1.02x
@@ -51,35 +51,19 @@ _default_impl = ["auto"]
 _AUTO_IMPL = {"onebit": "blocks", "exact": "blocks"}
 
 
-def resolve_surrogate_impl(impl: str | None, surrogate: str) -> str:
+def resolve_surrogate_impl(impl: str, surrogate: str) -> str:
   """The implementation ("gather", "blocks" or "triton") that `impl` runs for `surrogate`.
 
   "triton" has a one-bit kernel only: for the other surrogates it runs "auto"'s choice.
   """
-  impl = default_surrogate_impl() if impl is None else impl
-  _check_impl(impl)
+  check_surrogate_impl(impl)
   if impl == "triton" and surrogate != "onebit":
     impl = "auto"
   return _AUTO_IMPL.get(surrogate, "gather") if impl == "auto" else impl
 
 
-def default_surrogate_impl() -> str:
-  return _default_impl[0]
-
-
-@contextlib.contextmanager
-def use_surrogate_impl(impl: str):
-  """Lookups traced inside this context default to `impl` (benchmarks, tests)."""
-  _check_impl(impl)
-  previous = _default_impl[0]
-  _default_impl[0] = impl
-  try:
-    yield
-  finally:
-    _default_impl[0] = previous
-
-
-def _check_impl(impl):
+def check_surrogate_impl(impl) -> None:
+  """Refuses anything but one of `SURROGATE_IMPLS`."""
   if impl not in SURROGATE_IMPLS:
     raise ValueError(f"surrogate_impl={impl!r} is not one of {SURROGATE_IMPLS}.")
 
@@ -95,7 +79,7 @@ def ngram_lookup(
     surrogate: str = "onebit",
     tau: float = 1.0,
     scale: float = 1.0,
-    surrogate_impl: str | None = None,
+    surrogate_impl: str = "auto",
 ) -> jnp.ndarray:
   """Hard n-gram lookup mem[b, t, r] = E[row(b, t, r)], zero at invalid windows.
 
@@ -108,8 +92,7 @@ def ngram_lookup(
     surrogate: "exact", "onebit", "ste" or "none" (router gradient only).
     tau, scale: τ and λ.
     surrogate_impl: "auto", "gather", "blocks" (same values) or "triton" (the
-      one-bit backward as one Pallas kernel, GPU or CPU interpret mode); None:
-      the module default.
+      one-bit backward as one Pallas kernel, GPU or CPU interpret mode).
 
   Returns:
     mem_BxTxRxDm in the table's dtype.
@@ -128,8 +111,8 @@ def ngram_lookup(
     raise ValueError(
         f"ngram_lookup: table has {table_ExDm.shape[0]} rows; order={order}, "
         f"R={R}, bits={bits} need R*C^n = {rows_expected}.")
-  impl = default_surrogate_impl() if surrogate_impl is None else surrogate_impl
-  _check_impl(impl)
+  impl = surrogate_impl
+  check_surrogate_impl(impl)
   codes_BxTxR = codes_from_logits(logits_BxTxRxM)
   rows_BxTxR, valid_BxT = ngram_rows(
       codes_BxTxR, order=order, bits=bits, segment_ids=segment_ids, valid=valid)
@@ -197,7 +180,7 @@ def _row_scores(table_ExDm, rows_BxTxR, g_BxTxRxDm):
 
 
 def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, codes_BxTxR, rows_BxTxR,
-                         g_BxTxRxDm, *, order, bits, surrogate, tau, scale, impl=None,
+                         g_BxTxRxDm, *, order, bits, surrogate, tau, scale, impl="auto",
                          hard_BxTxR=None):
   """The router-logit cotangent of one order, summed over windows and slots.
 

@@ -4,7 +4,7 @@
 
 Same contract and maths as `readout.absorbed_readout`: the query is absorbed
 into the route-token space (q̃ = W_K^κ Q), the kernel
-(`kernels.sink_readout.sink_readout`, on BT = B·T flattened tokens) runs the multi-query
+(`kernels.sink_readout.sink_readout_kernel`, on BT = B·T flattened tokens) runs the multi-query
 sink attention over x̂, and the result is projected by W_V. This is
 `LngramConfig(readout="pallas")`; on CPU the kernel runs in interpret mode.
 """
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 
-from kernels.sink_readout import sink_readout
+from kernels.sink_readout import sink_readout_kernel
 from lngram_jax.readout import absorbed_readout, mqa_sink_attention
 
 
 def pallas_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, sink_logit, scale, **kernel_options):
   """`mqa_sink_attention`'s contract on [B, T, ...] arrays, by the kernel over BT = B·T tokens."""
-  core = functools.partial(sink_readout, **kernel_options)
+  core = functools.partial(sink_readout_kernel, **kernel_options)
   return mqa_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, sink_logit=sink_logit, scale=scale,
                             core=core)
 
@@ -29,7 +29,7 @@ def pallas_readout(q_BxTxHqxDh, mem_hat_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, 
   """The absorbed readout with the kernel as its core.
 
   Same contract as `absorbed_readout`: o_BxTxHqxDh and, with `return_lse`,
-  lse_BxTxHq. `kernel_options` go to `sink_readout` (implementation,
+  lse_BxTxHq. `kernel_options` go to `sink_readout_kernel` (implementation,
   block_sizes, interpret, backward).
   """
   attention = functools.partial(pallas_attention, **kernel_options)

@@ -16,7 +16,9 @@ import their references from here.
   exact_logit_grad,        the router-logit gradients of the exact,
   onebit_logit_grad,       one-bit and straight-through surrogates, in
   ste_logit_grad           closed form                                  §2.7
-  sink_readout, readout    α_r = exp(s_r)/(exp(b0) + Σ_r' exp(s_r'))    §2.4
+  sink_gqa_reference       α_r = exp(s_r)/(exp(b0) + Σ_r' exp(s_r'))    §2.4
+                           (grouped-query, over K and V)
+  readout                  the same over x̂, through W_K and W_V         §2.4
   softmax_readout          the same without a sink                      §2.12
   rms_norm, short_conv     the norms and y[t] = Σ_i w[i]·x[t-(W-1-i)·d]  §2.4, §2.6
   forward                  the whole layer                              §2
@@ -281,7 +283,7 @@ def surrogate_logit_grad(table_ExDm, logits_BxTxRxM, g_BxTxRxDm, *, surrogate: s
 # --- §2.4, §2.12: the readout -----------------------------------------------------------
 
 
-def sink_readout(q_BxTxHqxDh, k_BxTxRxHkvxDh, v_BxTxRxHkvxDh, *, sink_logit):
+def sink_gqa_reference(q_BxTxHqxDh, k_BxTxRxHkvxDh, v_BxTxRxHkvxDh, *, sink_logit):
   """(o_BxTxHqxDh, lse_BxTxHq) of the sink readout, one query head at a time (§2.4).
 
   Head a reads KV head a // G: s_r = Q_a·K_r/√Dh, α_r = exp(s_r)/(exp(b0) + Σ exp(s_r')),
@@ -314,15 +316,15 @@ def project_kv(mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh):
 
 
 def readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh, *, sink_logit):
-  """(o, lse) given x̂: the projections of §2.4, then `sink_readout`."""
+  """(o, lse) given x̂: the projections of §2.4, then `sink_gqa_reference`."""
   k, v = project_kv(mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
-  return sink_readout(q_BxTxHqxDh, k, v, sink_logit=sink_logit)
+  return sink_gqa_reference(q_BxTxHqxDh, k, v, sink_logit=sink_logit)
 
 
 def softmax_readout(q_BxTxHqxDh, mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh):
   """(o, lse) of the readout without a sink (§2.12): `jax.nn.softmax` over the routes.
 
-  Written with the library softmax, not `sink_readout`, so that sink=False is checked
+  Written with the library softmax, not `sink_gqa_reference`, so that sink=False is checked
   against what it means rather than against b0 = -inf in the same code.
   """
   k, v = project_kv(mem_BxTxRxDr, w_k_DrxHkvxDh, w_v_DrxHkvxDh)
@@ -373,7 +375,7 @@ def forward(p, config, h_BxTxD, *, segment_ids=None, valid=None, return_aux=Fals
   """The layer's delta Y [B, T, D] (DESIGN.md §2), in `config.dtype`.
 
     z = RMSNorm(h) W_q;  x = concat_n lookup(E^(n), z);  Q = RMSNorm_q(h) W_Q
-    o = sink_readout(Q, RMSNorm_m(x) W_K, RMSNorm_m(x) W_V);  ṽ = o W_O
+    o = sink_gqa_reference(Q, RMSNorm_m(x) W_K, RMSNorm_m(x) W_V);  ṽ = o W_O
     Y = ṽ + SiLU(conv(RMSNorm_c(ṽ))), the conv input and Y zero at padding.
 
   p: the layer's arrays (`LngramParams`); config: its `LngramConfig` (surrogate,

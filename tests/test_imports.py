@@ -10,9 +10,8 @@ name the file, line and import of every violation. The rules (DESIGN.md §6.2):
     (`lngram_jax/sharding/checkpoint.py`);
   * the trainer (`experiments/trainer/`) imports nothing from the tasks, the
     models, the VLM or the analyses: it knows no LM, VLM or Lngram;
-  * nothing imports the bench and report tools (`experiments.bench`,
-    `experiments.reproduce`, `experiments.report`, `experiments.report_analyses`,
-    `experiments.report_ids`, `experiments.results`, `experiments.tables`) except those
+  * nothing imports the tools (`experiments.tools`: bench, reproduce, report), which
+    the wheel leaves out, except those
     tools and tests;
   * no module outside `experiments/configs/` imports from `experiments.configs`
     except the loader helpers of its `__init__.py` and `LATER_FIELDS` (a config
@@ -21,7 +20,11 @@ name the file, line and import of every violation. The rules (DESIGN.md §6.2):
     `experiments/configs/` (its shared defaults);
   * no import cycle anywhere in the repository: the strongly connected
     components of the whole module graph (every import statement, at module
-    level or inside a function, since either may run) are single modules.
+    level or inside a function, since either may run) are single modules;
+  * no import cycle between folders either: the libraries and the top-level
+    folders of `experiments/` (cli, jobs, trainer, data, models, hf, vlm,
+    analysis, plan, configs, tools) form a layering, each importing only
+    folders below it (DESIGN.md §6.2 lists the order).
 
 Which edges an import adds (`import_edges`): `import a.b.c` needs the module
 a.b.c and, before it, the packages a and a.b; `from a.b import c` needs a.b.c
@@ -325,7 +328,7 @@ def test_lngram_jax_imports_no_orbax():
 
 
 TRAINER = "experiments/trainer"
-TRAINER_FORBIDDEN = ("experiments.tasks", "experiments.models", "experiments.vlm",
+TRAINER_FORBIDDEN = ("experiments.jobs", "experiments.models", "experiments.vlm",
                      "experiments.analysis")
 
 
@@ -337,9 +340,7 @@ def test_the_trainer_knows_no_task():
 
 
 # The bench and report tools: runnable from the command line, imported by nothing else.
-TOOLS = ("experiments.bench", "experiments.reproduce", "experiments.report",
-         "experiments.report_analyses", "experiments.report_ids", "experiments.report_vlm",
-         "experiments.results", "experiments.tables")
+TOOLS = ("experiments.tools",)
 
 
 def _is_tool(path: Path) -> bool:
@@ -383,6 +384,71 @@ def test_no_import_cycle():
   cycles = import_cycles(modules)
   assert not cycles, (f"{len(cycles)} import cycle(s) (strongly connected modules and the "
                       "imports inside each):\n  " + "\n  ".join(cycles))
+
+
+def module_folder(module: str) -> str:
+  """The folder a module counts in for the folder rule: a library, a top-level folder of
+  `experiments/` (its sub-folders count in it), or `experiments` for the package's own
+  modules."""
+  parts = module.split(".")
+  if (parts[0] == "experiments" and len(parts) > 1
+      and (ROOT / "experiments" / parts[1]).is_dir()):
+    return ".".join(parts[:2])
+  return parts[0]
+
+
+def folder_cycles(modules: dict[str, Path]) -> list[str]:
+  """One entry per cycle between folders (tests left out): its folders and the imports
+  that close it (file:line)."""
+  graph = import_graph(modules)
+  folders: dict[str, dict[str, str]] = {}
+  for module, targets in graph.items():
+    if module.split(".")[0] == "tests":
+      continue
+    here = module_folder(module)
+    folders.setdefault(here, {})
+    for target, line in targets.items():
+      there = module_folder(target)
+      if there != here:
+        folders[here].setdefault(there, f"{_rel(modules[module])}:{line} -> {target}")
+  out = []
+  for component in strongly_connected(folders):
+    if len(component) > 1:
+      inside = set(component)
+      edges = [why for f in component for t, why in folders[f].items() if t in inside]
+      out.append(f"{' <-> '.join(component)}\n      " + "\n      ".join(edges))
+  return out
+
+
+def test_the_folder_cycle_finder(tmp_path, monkeypatch):
+  # Folders importing each other through different modules are a cycle even though no
+  # module cycle exists; a sub-folder importing its own folder is not.
+  files = {
+      "experiments/__init__.py": "",
+      "experiments/low/__init__.py": "",
+      "experiments/low/a.py": "def f():\n  from experiments.high import b\n",
+      "experiments/high/__init__.py": "",
+      "experiments/high/b.py": "",
+      "experiments/high/c.py": "from experiments.low import a\n",
+      "experiments/ok/__init__.py": "from experiments.ok.sub import d\n",
+      "experiments/ok/sub/__init__.py": "",
+      "experiments/ok/sub/d.py": "import experiments.ok.e\n",
+      "experiments/ok/e.py": "import experiments.low.a\n",
+  }
+  for name, source in files.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(source)
+  monkeypatch.setitem(globals(), "ROOT", tmp_path)
+  modules = module_index()
+  assert not import_cycles(modules)
+  cycles = [c.split("\n")[0] for c in folder_cycles(modules)]
+  assert cycles == ["experiments.high <-> experiments.low"], cycles
+
+
+def test_no_folder_import_cycle():
+  cycles = folder_cycles(module_index())
+  assert not cycles, (f"{len(cycles)} folder cycle(s) (folders importing each other, and "
+                      "the imports that close each):\n  " + "\n  ".join(cycles))
 
 
 def test_no_module_imports_a_config_file():

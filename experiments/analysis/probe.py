@@ -29,7 +29,8 @@ from lngram_jax.layer import LngramV2
 
 @dataclasses.dataclass(frozen=True)
 class Windows:
-  """Rows of seq_len bytes, each from one document; `valid` False on padding."""
+  """Rows of seq_len bytes (token ids of a token run), each from one document; `valid`
+  False on padding."""
 
   tokens_NxT: np.ndarray   # int32
   valid_NxT: np.ndarray    # bool

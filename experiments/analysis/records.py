@@ -1,6 +1,7 @@
-"""Position records: what the analyses read about sampled byte positions of an LM run.
+"""Position records: what the analyses read about sampled positions of an LM run.
 
-For each sampled byte position P of one split ("reference": a seeded sample of
+A position is a byte of a run on a byte corpus, a token of a run on token data (below).
+For each sampled position P of one split ("reference": a seeded sample of
 the corpus' training files; "heldout": its validation files), and each Lngram
 layer l (`model.config.memory_layers`): the layer's input h (the residual
 stream before its memory slot), the router logits z (pre-threshold, the
@@ -21,6 +22,22 @@ bucket #{edges <= v}):
   line index   0-based line of the file: 0-9 | 10-99 | 100-999 | 1000+
   row position offset within the model's window (the training row): 0-7 | 8-31 |
                32-127 | 128-511 | 512+
+Surface features: the current byte and the previous byte (-1 at the file start).
+
+Token runs (`TokenDoc`s, experiments/analysis/token_docs.py: the run's training and
+validation documents, each its token ids and its text as bytes, every token's byte span
+in it). Everything above holds with a token in place of a byte: positions are sampled
+uniformly over tokens, windows hold `seq_len` tokens, and
+  surface      the current token id and the previous token id (-1 at the document
+               start): the surface readers then say how much of a target the token
+               ids alone give away (`id_readers`: `surface_byte` reads the current
+               token id, `perm_strata="nuisance_byte"` crosses the stratum with it);
+  column, line of the token's FIRST byte in the document's text: column counts bytes
+               since the line start, as for a byte run (a token starting with a
+               newline belongs to the line that newline ends);
+  row position the token's offset in its window (tokens);
+  targets      per token, from the text's per-byte labels (`targets.token_targets`).
+Token data prepared with the "bytes" tokenizer gives exactly the byte run's records.
 """
 
 from __future__ import annotations
@@ -55,11 +72,12 @@ N_DOCUMENT_CONCEPTS = 30
 
 @dataclasses.dataclass
 class PositionRecords:
-  """Per analysed byte position P (one split: "reference" or "heldout").
+  """Per analysed position P (one split: "reference" or "heldout"): a byte, or a token
+  of a token run (meta["unit"] is "byte" or "token").
 
-  offsets (int32 [P], the byte offset in the file) and meta (seq_len, seed, ...)
-  are extras for readers that go back to the files; synthetic records may omit
-  them.
+  offsets (int32 [P], the byte (token) offset in the file) and meta (seq_len, seed,
+  unit, ...) are extras for readers that go back to the files; synthetic records may
+  omit them.
   """
 
   split: str
@@ -71,7 +89,8 @@ class PositionRecords:
   codes: dict[int, np.ndarray]  # layer -> int32 [P, R], the codes (z > 0 bits, little-endian)
   bits: int                     # M
   nuisance: np.ndarray          # int32 [P], the nuisance stratum id (see the module docstring)
-  surface: np.ndarray           # int32 [P, 2], current byte and previous byte (-1 at file start)
+  surface: np.ndarray           # int32 [P, 2], current byte and previous byte (-1 at file
+                                #   start); a token run: current and previous token id
   targets: dict[str, tuple[list[str], np.ndarray]]
                                 # level -> (concept names, bool [P, Z])
   skipped_files: int            # files that did not parse
@@ -90,6 +109,23 @@ class PositionRecords:
 class SourceFile(NamedTuple):
   path: str   # relative to the corpus root
   data: bytes
+
+
+class TokenDoc(NamedTuple):
+  """A document of a token run (experiments/analysis/token_docs.py)."""
+
+  path: str             # its name
+  ids: np.ndarray       # int32 [N], its token ids (what the model reads)
+  data: bytes           # its text
+  starts: np.ndarray    # int64 [N], each token's first byte in `data`
+  ends: np.ndarray      # int64 [N], the byte after each token's last one (== start: none)
+
+
+class _Parsed(NamedTuple):
+  path: str
+  doc: np.ndarray        # what the model reads: uint8 bytes, or int32 token ids
+  targets: object        # targets.SourceTargets, per byte or per token of `doc`
+  text: tuple | None     # a token document: (its text as uint8 [bytes], starts int64 [N])
 
 
 def split_files(corpus, *, n_reference: int = 256, n_heldout: int | None = None,
@@ -120,7 +156,7 @@ def split_files(corpus, *, n_reference: int = 256, n_heldout: int | None = None,
 
 def removed_duplicates(corpus) -> tuple[set, set]:
   """(training paths, validation paths) that `split_files(dedup=True)` removes."""
-  from experiments.analysis import dedup
+  from experiments.data import dedup
   as_bytes = lambda docs: (np.asarray(d, np.uint8).tobytes() for d in docs)  # noqa: E731
   return dedup.cross_split_duplicates(
       zip(corpus.train_paths, as_bytes(corpus.train_docs), strict=True),
@@ -136,11 +172,12 @@ def collect_records(model, files: Sequence, *, split: str, seq_len: int,
 
   Args:
     model: the restored `DecoderLM` (its memory layers hold Lngram).
-    files: (relative path, bytes or uint8 array) pairs, e.g. from `split_files`.
+    files: (relative path, bytes or uint8 array) pairs, e.g. from `split_files`, or
+      `TokenDoc`s of a token run (`token_docs.split_docs`; then a position is a token).
     split: "reference" or "heldout" (a label).
     seq_len: the window length (the run's data.seq_len).
     max_positions: positions drawn uniformly, without replacement, over the
-      bytes of the files that parse; None takes every byte.
+      bytes (tokens) of the files that parse; None takes every one.
     seed: the sampling seed.
     concept_names: the reference records' `concept_names()` (a dict level ->
       names) or the document-level names alone (a list); None: local and
@@ -167,17 +204,21 @@ def collect_records(model, files: Sequence, *, split: str, seq_len: int,
   if progress:
     print(f"records[{split}]: {len(parsed)} files parsed, {skipped} skipped "
           f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
-  file_ids, offsets = sample_positions([doc.size for _, doc, _ in parsed], max_positions, seed,
+  file_ids, offsets = sample_positions([p.doc.size for p in parsed], max_positions, seed,
                                        max_per_file)
-  docs = [doc for _, doc, _ in parsed]
-  nuisance, surface = position_features(docs, file_ids, offsets, seq_len)
-  names = _concept_names(concept_names, [t.imports for _, _, t in parsed], n_document_concepts)
+  docs = [p.doc for p in parsed]
+  tokens = any(p.text is not None for p in parsed)
+  nuisance, surface = position_features(docs, file_ids, offsets, seq_len,
+                                        texts=[p.text for p in parsed] if tokens else None)
+  names = _concept_names(concept_names, [p.targets.imports for p in parsed],
+                         n_document_concepts)
   records = PositionRecords(
-      split=split, file_ids=file_ids, files=[path for path, _, _ in parsed], layers=layers,
+      split=split, file_ids=file_ids, files=[p.path for p in parsed], layers=layers,
       h={}, z={}, codes={}, bits=_bits(model, layers[0]), nuisance=nuisance, surface=surface,
-      targets=_targets([t for _, _, t in parsed], file_ids, offsets, names),
+      targets=_targets([p.targets for p in parsed], file_ids, offsets, names),
       skipped_files=skipped, offsets=offsets,
       meta={"seq_len": seq_len, "seed": seed, "max_positions": max_positions,
+            "unit": "token" if tokens else "byte",
             **({} if max_per_file is None else {"max_per_file": int(max_per_file)})})
   h, z, codes = _run_windows(model, docs, file_ids, offsets, seq_len=seq_len,
                              batch_size=batch_size, progress=progress, label=split)
@@ -187,7 +228,8 @@ def collect_records(model, files: Sequence, *, split: str, seq_len: int,
 
 def sample_positions(sizes: Sequence[int], max_positions: int | None, seed: int,
                      max_per_file: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """(file_ids, offsets) int32 [P], sorted by file then offset; uniform over bytes.
+  """(file_ids, offsets) int32 [P], sorted by file then offset; uniform over the
+  positions (bytes, or tokens), `sizes` per file.
 
   `max_per_file`: no file gives more than this many positions (uniform over the
   bytes, conditioned on the cap: bytes are taken in a seeded random order and a
@@ -219,19 +261,28 @@ def sample_positions(sizes: Sequence[int], max_positions: int | None, seed: int,
 
 
 def position_features(docs: Sequence[np.ndarray], file_ids: np.ndarray, offsets: np.ndarray,
-                      seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """(nuisance stratum int32 [P], surface int32 [P, 2]) of sampled positions."""
+                      seq_len: int, *, texts: Sequence | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+  """(nuisance stratum int32 [P], surface int32 [P, 2]) of sampled positions.
+
+  `texts`: per token document, (its text as uint8 bytes, each token's first byte
+  int64 [N]): columns and lines are then those of the token's first byte in the text
+  (the module docstring); None (or a None entry): `docs` are bytes, their own text."""
   column = np.zeros(file_ids.shape, np.int64)
   line = np.zeros(file_ids.shape, np.int64)
   surface = np.full((file_ids.size, 2), -1, np.int32)
   for f in np.unique(file_ids):
     sel = np.flatnonzero(file_ids == f)
     doc, off = docs[f], offsets[sel].astype(np.int64)
-    newlines = np.flatnonzero(doc == ord("\n"))
+    text, at = doc, off
+    if texts is not None and texts[f] is not None:
+      text, starts = texts[f]
+      at = np.asarray(starts, np.int64)[off]
+    newlines = np.flatnonzero(text == ord("\n"))
     # Line of byte o = the newlines before it; its line starts after the last one.
-    line[sel] = np.searchsorted(newlines, off, side="left")
+    line[sel] = np.searchsorted(newlines, at, side="left")
     prev_nl = np.where(line[sel] > 0, newlines[np.maximum(line[sel] - 1, 0)], -1)
-    column[sel] = off - prev_nl - 1
+    column[sel] = at - prev_nl - 1
     surface[sel, 0] = doc[off]
     # int32 before the -1: a uint8 where() would wrap it to 255.
     surface[sel, 1] = np.where(off > 0, doc[np.maximum(off - 1, 0)].astype(np.int32), -1)
@@ -308,17 +359,29 @@ def load_records(path) -> PositionRecords:
 # --- internals -----------------------------------------------------------------------
 
 
-def _parse(files):
-  """[(path, uint8 doc, SourceTargets)] of the files that parse, and the skipped count."""
+def _parse(files) -> tuple[list[_Parsed], int]:
+  """The files (or token documents) that parse, and the skipped count."""
   parsed, skipped = [], 0
-  for path, data in files:
+  for item in files:
+    if isinstance(item, TokenDoc):
+      found = targets_lib.extract_targets(item.data)
+      if found is None:
+        skipped += 1
+        continue
+      starts = np.asarray(item.starts, np.int64)
+      parsed.append(_Parsed(
+          str(item.path), np.asarray(item.ids, np.int32),
+          targets_lib.token_targets(found, starts, np.asarray(item.ends, np.int64)),
+          (np.frombuffer(item.data, np.uint8), starts)))
+      continue
+    path, data = item
     doc = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else (
         data.astype(np.uint8, copy=False))
     found = targets_lib.extract_targets(doc.tobytes())
     if found is None:
       skipped += 1
     else:
-      parsed.append((str(path), doc, found))
+      parsed.append(_Parsed(str(path), doc, found, None))
   return parsed, skipped
 
 

@@ -1,12 +1,15 @@
-"""`analyze_lm(workdir)`: the Lngram ID analyses of an LM run (`lngram-exp analyze` on it).
+"""`analyze_lm(workdir, restore=)`: the Lngram ID analyses of an LM run (`lngram-exp analyze`).
 
     lngram-exp analyze --workdir=runs/lm_lngram \
         --which=utilisation,id_knn,associations,distributed,stability,injection
 
-Restores the run's checkpoint at `step` (default: the newest readable one),
+Reads the run's checkpoint at `step` (default: the newest readable one) through
+`restore` (the CLI restores: experiments/jobs/restore.py),
 collects the position records ONCE (reference: a seeded sample of the training
 files; held-out: the validation files; the same positions for every reader) and
-runs the chosen analyses. Each writes `<name>.json`, `<name>.md` (its table) and
+runs the chosen analyses (on a run trained on token data, over tokens: its training
+documents, a seeded sample, and its validation documents; experiments/analysis/
+token_docs.py and records.py). Each writes `<name>.json`, `<name>.md` (its table) and
 `<name>.png` into `<workdir>/analysis/`; the records go to `records_<split>.npz` so
 the record analyses can be rerun without the model (`records.load_records`).
 Every file is written atomically, every result (and the records' meta) holds
@@ -22,7 +25,8 @@ holds `<workdir>/.analyze.lock` (experiments/analysis/output.py).
   injection     App. B.3: the Lngram delta disabled per layer and everywhere
 
 stability and injection run their own windows over `n_docs` held-out files
-(every byte of a window: n-gram addresses read the previous codes).
+(every byte of a window: n-gram addresses read the previous codes; a token run's
+windows hold tokens of its validation documents).
 """
 
 from __future__ import annotations
@@ -44,14 +48,6 @@ RECORD_ANALYSES = ("utilisation", "id_knn", "associations", "distributed")
 # per-file cap on positions, permutations within stratum x current byte, rho CIs.
 # Results without it (protocol 1) came from the uncapped, undeduplicated records.
 RECORD_PROTOCOL = 2
-
-
-def run_kind(workdir) -> str:
-  """"lm" or "vlm": the kind of run the newest readable checkpoint config describes."""
-  from experiments.trainer.checkpoint import run_checkpointer
-  with run_checkpointer(workdir, async_save=False, create=False) as ckpt:
-    _, saved = ckpt.newest_readable_config(warn=False)
-  return saved.get("kind", "lm")
 
 
 def _progress(name: str):
@@ -95,16 +91,25 @@ def per_file_cap(max_positions: int | None, max_file_share: float | None) -> int
 
 def collect(model, config, *, max_positions: int | None, seed: int, n_reference: int,
             progress: bool, out_dir=None, source: dict | None = None, dedup: bool = False,
-            max_file_share: float | None = None):
-  """(reference, held-out) PositionRecords of the run's corpus; saved into `out_dir`
+            max_file_share: float | None = None, workdir=None):
+  """(reference, held-out) PositionRecords of the run's corpus, and the corpus (its
+  `val_docs` make the stability / injection windows); saved into `out_dir`
   (atomically, `source` in their meta) when given. `dedup`: near-duplicate files
   removed from both splits (`records.split_files`); `max_file_share`: no file gives
-  more than that share of a split's positions."""
-  from experiments.analysis import records
-  from experiments.data.corpus import corpus_spec, load_corpus
-  corpus = load_corpus(corpus_spec(config))
-  ref_files, held_files = records.split_files(corpus, n_reference=n_reference, seed=seed,
-                                              dedup=dedup)
+  more than that share of a split's positions. A run on token data (`workdir`'s
+  `token_data.json`, or `data.kind="tokens"`): its documents, read with the tokenizer
+  the run keeps in `workdir` (`token_docs`)."""
+  from experiments.analysis import records, token_docs
+  unreadable = 0
+  if token_docs.is_token_run(workdir, config):
+    corpus = token_docs.TokenRunData(workdir, config)
+    ref_files, held_files, unreadable = token_docs.split_docs(
+        corpus, n_reference=n_reference, seed=seed, dedup=dedup)
+  else:
+    from experiments.data.corpus import corpus_spec, load_corpus
+    corpus = load_corpus(corpus_spec(config))
+    ref_files, held_files = records.split_files(corpus, n_reference=n_reference, seed=seed,
+                                                dedup=dedup)
   seq_len = min(int(config.data.seq_len), model.config.max_len)
   cap = per_file_cap(max_positions, max_file_share)
   ref = records.collect_records(model, ref_files, split="reference", seq_len=seq_len,
@@ -116,6 +121,9 @@ def collect(model, config, *, max_positions: int | None, seed: int, n_reference:
                                  max_per_file=cap)
   for r in (ref, held):
     r.meta["dedup"] = bool(dedup)
+  if unreadable:   # token documents whose ids do not read back as their text
+    log.warning("analyze: %d token documents skipped: their ids do not read back as their "
+                "text with the run's tokenizer.", unreadable)
   if out_dir is not None:
     for r in (ref, held):
       if source is not None:
@@ -124,7 +132,7 @@ def collect(model, config, *, max_positions: int | None, seed: int, n_reference:
   return ref, held, corpus
 
 
-def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
+def analyze_lm(workdir, *, restore, which=LM_ANALYSES, step: int | None = None,
                max_positions: int | None = 4000, seed: int = 0, n_reference: int = 256,
                max_queries: int | None = 2000, n_perm: int = 500, n_docs: int = 48,
                windows_per_doc: int = 2, n_boot: int = 10_000, stability_steps=None,
@@ -135,6 +143,9 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
   Parameters
   ----------
   workdir : the run directory (`lngram-exp train --workdir`).
+  restore : `restore(step) -> (model, saved config JSON, step restored)` of this run's
+    checkpoints (the CLI passes `experiments.jobs.restore.restore_module` bound to it;
+    restore(None) is the newest readable one).
   which : names from `LM_ANALYSES`.
   step : the checkpoint analysed (default: the newest readable one); a step not on
     disk raises `MissingStepError` naming the kept ones.
@@ -146,7 +157,7 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
   n_boot : document bootstrap resamples of the stability CIs.
   stability_steps : the kept checkpoints stability compares, in order (default: all kept
     up to the analysed step, adjacent pairs); e.g. (100, 300) for one 200-step interval.
-  dedup : remove near-duplicate files from both splits (experiments/analysis/dedup.py).
+  dedup : remove near-duplicate files from both splits (experiments/data/dedup.py).
   max_file_share : no file gives more than this share of a split's positions (None: no cap).
   perm_strata : the permutation test's cells (`id_readers.PERM_STRATA`).
   n_rho_boot : query-file bootstrap resamples of the rho CIs (0: none).
@@ -163,11 +174,8 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
   workdir = Path(workdir).expanduser().absolute()
   if not (workdir / "checkpoints").is_dir():   # before the lock is written into it
     raise FileNotFoundError(f"no checkpoint directory {workdir / 'checkpoints'}.")
-  if (workdir / "token_data.json").is_file():   # written by runs on token data
-    raise ValueError(f"analyze: {workdir} was trained on token data; the LM analyses read "
-                     "byte-level corpora only, for now.")
   with output.analysis_lock(workdir):
-    return _analyze_lm(workdir, which, step, max_positions=max_positions, seed=seed,
+    return _analyze_lm(workdir, restore, which, step, max_positions=max_positions, seed=seed,
                        n_reference=n_reference, max_queries=max_queries, n_perm=n_perm,
                        n_docs=n_docs, windows_per_doc=windows_per_doc, n_boot=n_boot,
                        stability_steps=stability_steps, progress=progress, dedup=dedup,
@@ -175,9 +183,9 @@ def analyze_lm(workdir, *, which=LM_ANALYSES, step: int | None = None,
                        n_rho_boot=n_rho_boot)
 
 
-def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference, max_queries,
-                n_perm, n_docs, windows_per_doc, n_boot, stability_steps, progress, dedup,
-                max_file_share, perm_strata, n_rho_boot) -> dict:
+def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_reference,
+                max_queries, n_perm, n_docs, windows_per_doc, n_boot, stability_steps,
+                progress, dedup, max_file_share, perm_strata, n_rho_boot) -> dict:
   from experiments.analysis import (
       associations,
       distributed,
@@ -187,10 +195,9 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
       stability,
       utilisation,
   )
-  from experiments.tasks.restore import restore_module
   from experiments.trainer.checkpoint import run_checkpointer
 
-  model, saved, step = restore_module(workdir, step)
+  model, saved, step = restore(step)
   if saved.get("kind", "lm") != "lm":
     raise ValueError(f"analyze_lm: {workdir} is a {saved.get('kind')} run, not an LM run.")
   probe.lngram_layers(model)   # a clear error for a model without Lngram
@@ -206,7 +213,8 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
   if set(which) & set(RECORD_ANALYSES):
     ref, held, corpus = collect(model, config, max_positions=max_positions, seed=seed,
                                 n_reference=n_reference, progress=progress, out_dir=out_dir,
-                                source=src, dedup=dedup, max_file_share=max_file_share)
+                                source=src, dedup=dedup, max_file_share=max_file_share,
+                                workdir=workdir)
     log.info("analyze: records of %d reference / %d held-out positions (%d / %d files "
              "skipped) in %.0fs", ref.num_positions, held.num_positions, ref.skipped_files,
              held.skipped_files, time.time() - t0)
@@ -231,8 +239,12 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
   windows = None
   if {"stability", "injection"} & set(which):
     if corpus is None:
-      from experiments.data.corpus import corpus_spec, load_corpus
-      corpus = load_corpus(corpus_spec(config))
+      from experiments.analysis import token_docs
+      if token_docs.is_token_run(workdir, config):   # its validation documents' tokens
+        corpus = token_docs.TokenRunData(workdir, config)
+      else:
+        from experiments.data.corpus import corpus_spec, load_corpus
+        corpus = load_corpus(corpus_spec(config))
     seq_len = min(int(config.data.seq_len), model.config.max_len)
     windows = probe.file_windows(corpus.val_docs, seq_len=seq_len, max_docs=n_docs,
                                  windows_per_doc=windows_per_doc, seed=seed)
@@ -253,8 +265,8 @@ def _analyze_lm(workdir: Path, which, step, *, max_positions, seed, n_reference,
                               "n_boot": n_boot, "seed": seed, "primary": "fixed",
                               "note": "needs two or more kept checkpoints"}
     else:
-      models = [restore_module(workdir, s)[0] for s in steps[:-1]]
-      models.append(model if steps[-1] == step else restore_module(workdir, steps[-1])[0])
+      models = [restore(s)[0] for s in steps[:-1]]
+      models.append(model if steps[-1] == step else restore(steps[-1])[0])
       results["stability"] = stability.address_stability(
           models, steps, windows, n_boot=n_boot, seed=seed, progress=_progress("stability"))
     modules["stability"] = stability

@@ -1,31 +1,80 @@
-"""Statistics for the Lngram ID analyses: AP, multiple testing, intervals, code use.
+"""Statistics of the Lngram analyses and of the reproduction's report, in numpy and scipy.
 
-Everything here is plain numpy/scipy on arrays already collected; none of it
-knows about models. The analyses of "Lngram v2: Latent N-Gram Memory with
-Interpretable Discrete Representations" (§3, App. B, App. C) are built on these:
+Everything here works on arrays already collected; none of it knows about models.
+Distributions (Student's t, the binomial, the beta of Clopper–Pearson) are scipy's. The
+analyses of "Lngram v2: Latent N-Gram Memory with Interpretable Discrete Representations"
+(§3, App. B, App. C; `lngram-exp analyze`) and the verdicts of the reproduction's report
+(`python -m experiments.tools.report`) are built on these.
+
+Ranking and multiple testing:
 
   average_precision   AP per concept, ties grouped as sklearn's
                       `average_precision_score` groups them (one threshold per
                       distinct score), so KNN share scores (k/K, many ties) are
                       not ranked by an arbitrary order inside a tie.
   bh_adjust           Benjamini–Hochberg adjusted p-values (`p.adjust(p, "BH")`).
+  holm                Holm's step-down adjusted p-values (`p.adjust(p, "holm")`), over a
+                      pre-declared claim family.
+
+Tests over seeds. Two arms of one setting trained with the same seed share the
+backbone's init and the data order (experiments/models/lm.py draws the memory branch
+after the backbone), so a claim "arm A has lower validation loss than arm B" is tested
+on the per-seed differences d_s = loss_B(s) - loss_A(s) (positive: the claim's direction):
+
+  paired_t            mean, sd, 95% CI and two-sided p of Student's t with n - 1
+                      degrees of freedom;
+  sign_flip_p         the exact permutation test over seeds: all 2^n sign flips of the
+                      d_s (two-sided; its smallest attainable p, `min_flip_p`, is 2 / 2^n,
+                      0.0625 at n = 5);
+  sign_test_p         the exact binomial sign test (ties dropped);
+  t_power             the exact power of a (paired) t-test of n seeds at a true mean
+                      difference and sd: the noncentral t of n - 1 degrees of freedom;
+  min_detectable_effect
+                      the true mean difference a paired t-test of n seeds at this sd
+                      detects with the given power (the noncentral t solved exactly; the
+                      normal-shift shortcut t_{1-a/2} + t_{power} it replaces is 9-17%
+                      smaller at n = 5-3 and α = 0.05/21, where its "80%" is 67-71%);
+  noninferiority_t    the one-sided paired t of mean(diffs) > -margin ("matches or beats",
+                      "is not worse than": a claim of no loss beyond a declared margin);
+  tost                equivalence by two one-sided tests: low < mean(diffs) < high;
+  verdict             a claim's verdict, computed from these numbers, never typed.
+
+Counts:
+
   permutation_p       Monte-Carlo p = (1 + #{null >= observed}) / (1 + n), never 0;
                       `permutation_p_interval` bounds the p an infinite number of
                       permutations would give.
-  bootstrap_mean_ci   percentile CI of a mean over positions, resampling whole
-                      documents (positions of one file are not independent).
   binomial_test       exact two-sided test of k successes in n against a fixed rate
                       p0, with the Clopper–Pearson interval of the rate.
+
+Resampling documents (positions of one document, or the tokens of one validation
+document, are not independent; one percentile bootstrap over documents serves both):
+
+  bootstrap_mean_ci   CI of a mean over positions, resampling whole documents.
+  doc_bootstrap_ci    CI of the seed-mean difference of two arms' bits per unit,
+                      resampling validation DOCUMENTS (one resample for both arms and
+                      every seed): the evaluation-set uncertainty the seed tests do not see.
+  group_bootstrap_ci  CI of a weighted contrast over evaluation items (e.g. validation
+                      scenes), resampled within their groups.
+
+Code use:
+
   code_utilisation    per-route N_eff = exp(H), H / log K, top-code share, dead codes.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import NamedTuple
 
 import numpy as np
 from scipy import stats as sps
 
+ALPHA = 0.05
+
+
+# --- ranking and multiple testing ----------------------------------------------------------
 
 def average_precision(scores, labels) -> np.ndarray | float:
   """Average precision of `scores` for binary `labels`, as sklearn computes it.
@@ -101,6 +150,198 @@ def bh_adjust(p) -> np.ndarray:
   out_flat[order] = adjusted
   return out_flat.reshape(p.shape)
 
+
+def holm(pvalues) -> list[float]:
+  """Holm's step-down adjusted p-values (R's p.adjust(p, "holm")); NaN entries are not
+  evaluable, are not counted in the family size and stay NaN."""
+  p = np.asarray(pvalues, np.float64)
+  out = np.full(p.shape, np.nan)
+  ok = np.flatnonzero(~np.isnan(p))
+  m = ok.size
+  running = 0.0
+  for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+    running = max(running, min(1.0, (m - rank) * p[i]))
+    out[i] = running
+  return out.tolist()
+
+
+# --- tests over seeds ----------------------------------------------------------------------
+
+def paired_t(diffs, *, null: float = 0.0) -> dict:
+  """{n, mean, sd, se, t, df, p, ci, null}: Student's paired t-test of mean(diffs) = `null`
+  (0 unless given: a non-inferiority margin is tested as null = -margin), two-sided, with
+  a 95% CI of the mean; p and the CI are NaN below two differences, and p is 0 or 1 (sd 0,
+  CI a point) when every difference is equal."""
+  d = np.asarray(diffs, np.float64)
+  n = int(d.size)
+  null = float(null)
+  mean = float(d.mean()) if n else math.nan
+  if n < 2:
+    return {"n": n, "mean": mean, "sd": math.nan, "se": math.nan, "t": math.nan,
+            "df": max(n - 1, 0), "p": math.nan, "ci": (math.nan, math.nan), "null": null}
+  df = n - 1
+  sd = float(d.std(ddof=1))
+  # Equal differences: not only sd == 0, since their mean can round off their value.
+  if sd == 0.0 or (d == d[0]).all():
+    return {"n": n, "mean": mean, "sd": 0.0, "se": 0.0,
+            "t": 0.0 if mean == null else math.copysign(math.inf, mean - null), "df": df,
+            "p": 1.0 if mean == null else 0.0, "ci": (mean, mean), "null": null}
+  se = sd / math.sqrt(n)
+  t = (mean - null) / se
+  p = min(1.0, 2.0 * float(sps.t.sf(abs(t), df)))
+  half = float(sps.t.ppf(1.0 - ALPHA / 2.0, df)) * se
+  return {"n": n, "mean": mean, "sd": sd, "se": se, "t": t, "df": df, "p": p,
+          "ci": (mean - half, mean + half), "null": null}
+
+
+def noninferiority_t(diffs, margin: float, *, alpha: float = ALPHA) -> dict:
+  """The one-sided paired t of H1: mean(diffs) > -margin against H0: mean(diffs) <= -margin
+  (diffs > 0 the claim's direction, `margin` > 0 the loss it still calls "no worse").
+
+  Returns `paired_t(diffs, null=-margin)` with "p" the one-sided p (scipy's
+  `ttest_1samp(diffs, -margin, alternative="greater")`), "p_two_sided" the two-sided p of
+  mean = -margin, "margin", and "lower" the one-sided (1 - alpha) lower confidence bound
+  of the mean: non-inferior at level alpha exactly when lower > -margin."""
+  if not margin > 0:
+    raise ValueError(f"noninferiority_t: margin={margin} must be > 0.")
+  out = paired_t(diffs, null=-margin)
+  out["p_two_sided"], out["margin"] = out["p"], float(margin)
+  n, t = out["n"], out["t"]
+  if n < 2:
+    out["lower"] = math.nan
+    return out
+  if out["se"] == 0.0:
+    out["p"] = 0.0 if out["mean"] > -margin else 1.0
+    out["lower"] = out["mean"]
+    return out
+  out["p"] = float(sps.t.sf(t, out["df"]))
+  out["lower"] = out["mean"] - float(sps.t.ppf(1.0 - alpha, out["df"])) * out["se"]
+  return out
+
+
+def tost(diffs, low: float, high: float, *, alpha: float = ALPHA) -> dict:
+  """Equivalence by two one-sided paired t-tests (Schuirmann's TOST): H1: low < mean(diffs)
+  < high. {n, mean, sd, se, df, p_low (H0: mean <= low), p_high (H0: mean >= high), p (the
+  larger: equivalent at level alpha when p < alpha), ci (the (1 - 2 alpha) CI: inside
+  (low, high) exactly when p < alpha)}; NaN below two differences."""
+  if not low < high:
+    raise ValueError(f"tost: need low < high, got {low} and {high}.")
+  base = paired_t(diffs)
+  n, df, se, mean = base["n"], base["df"], base["se"], base["mean"]
+  out = {"n": n, "mean": mean, "sd": base["sd"], "se": se, "df": df, "low": float(low),
+         "high": float(high)}
+  if n < 2:
+    return {**out, "p_low": math.nan, "p_high": math.nan, "p": math.nan,
+            "ci": (math.nan, math.nan)}
+  if se == 0.0:
+    p_low, p_high = float(not mean > low), float(not mean < high)
+    half = 0.0
+  else:
+    p_low = float(sps.t.sf((mean - low) / se, df))
+    p_high = float(sps.t.cdf((mean - high) / se, df))
+    half = float(sps.t.ppf(1.0 - alpha, df)) * se
+  return {**out, "p_low": p_low, "p_high": p_high, "p": max(p_low, p_high),
+          "ci": (mean - half, mean + half)}
+
+
+def sign_flip_p(diffs) -> float:
+  """Exact two-sided permutation p over all 2^n sign flips of the paired differences:
+  the share of flips whose |mean| reaches the observed one (ties count). NaN for none."""
+  d = np.asarray(diffs, np.float64)
+  n = d.size
+  if n == 0:
+    return math.nan
+  if n > 20:
+    raise ValueError(f"sign_flip_p: n={n} > 20 would enumerate 2^{n} flips.")
+  signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))   # [2^n, n]
+  means = np.abs(signs @ d) / n
+  observed = abs(d.mean())
+  return float(np.mean(means >= observed - 1e-12 * max(1.0, observed)))
+
+
+def min_flip_p(n: int) -> float:
+  """The smallest p `sign_flip_p` can give with n differences (all flips distinct)."""
+  return 2.0 / 2.0 ** n if n else math.nan
+
+
+def sign_test_p(diffs) -> float:
+  """Exact two-sided binomial sign test of P(d > 0) = 1/2 (zero differences dropped):
+  `binomial_test` of the positive differences at p0 = 1/2. NaN when every d is 0."""
+  d = np.asarray(diffs, np.float64)
+  pos, neg = int((d > 0).sum()), int((d < 0).sum())
+  return float(binomial_test(pos, pos + neg, 0.5).p_value)
+
+
+def _t_critical(alpha: float, df: int, alternative: str) -> float:
+  if alternative == "two-sided":
+    return float(sps.t.ppf(1.0 - alpha / 2.0, df))
+  if alternative == "greater":
+    return float(sps.t.ppf(1.0 - alpha, df))
+  raise ValueError(f"alternative={alternative!r}; use 'two-sided' or 'greater'.")
+
+
+def t_power(effect: float, sd: float, n: int, alpha: float = ALPHA, *,
+            alternative: str = "two-sided") -> float:
+  """Power of a paired t-test of n seeds at level `alpha` when the differences' true mean
+  is `effect` and their sd `sd`: P(reject) under the noncentral t of n - 1 degrees of
+  freedom and noncentrality effect · sqrt(n) / sd. "two-sided" rejects |t| above
+  t_{1-alpha/2} (either direction), "greater" t above t_{1-alpha}. NaN below two seeds."""
+  if n < 2 or not math.isfinite(sd) or sd <= 0:
+    return math.nan
+  df = n - 1
+  crit = _t_critical(alpha, df, alternative)
+  nc = effect * math.sqrt(n) / sd
+  power = float(sps.nct.sf(crit, df, nc))
+  if alternative == "two-sided":
+    # P(T < -crit) as P(T' > crit) under -nc: scipy's nct.cdf returns NaN deep in the
+    # lower tail, its sf does not (the two agree wherever both are finite).
+    power += float(sps.nct.sf(crit, df, -nc))
+  return power
+
+
+def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA,
+                          power: float = 0.8, *, alternative: str = "two-sided") -> float:
+  """Mean paired difference that a paired t-test of n seeds at level `alpha` (two-sided,
+  as the verdicts test; `alternative="greater"` for a one-sided test) detects with
+  probability `power`, for differences of standard deviation `sd`: the effect δ ≥ 0 at
+  which `t_power(δ, sd, n, alpha)` equals `power`, solved on the noncentral t. (The
+  normal-shift shortcut (t_{1-alpha/2} + t_{power}) · sd / sqrt(n) is 9-17% smaller at
+  n = 5-3 and alpha = 0.05/21, where its "80%" is 67-71%.) 0 when `power` is at most the
+  test's size or sd is 0; NaN below two seeds."""
+  if n < 2 or not math.isfinite(sd):
+    return math.nan
+  if not 0.0 < power < 1.0:
+    raise ValueError(f"min_detectable_effect: power={power} must be in (0, 1).")
+  if sd == 0.0:
+    return 0.0
+  from scipy.optimize import brentq
+
+  df = n - 1
+  if power <= t_power(0.0, 1.0, n, alpha, alternative=alternative):
+    return 0.0
+  # In units of sd: the normal-shift value lies below the root; widen until power passes.
+  crit = _t_critical(alpha, df, alternative)
+  hi = max(1.0, 2.0 * (crit + float(sps.norm.ppf(power))) / math.sqrt(n))
+  while t_power(hi, 1.0, n, alpha, alternative=alternative) < power:
+    hi *= 2.0
+  effect = brentq(lambda x: t_power(x, 1.0, n, alpha, alternative=alternative) - power,
+                  0.0, hi, xtol=1e-12, rtol=1e-12, maxiter=500)
+  return float(effect) * sd
+
+
+def verdict(test: dict, holm_p: float, *, alpha: float = ALPHA) -> str:
+  """The verdict of a claim from its paired t-test and Holm-adjusted p: 'supported' or
+  'reversed' when holm_p < alpha (by the side of the test's null the mean difference lies
+  on: 0, or -margin for a non-inferiority claim, where 'reversed' reads "worse by more
+  than the margin"), else 'not shown', 'pending' below two paired seeds."""
+  if test["n"] < 2 or math.isnan(holm_p):
+    return "pending"
+  if holm_p < alpha:
+    return "supported" if test["mean"] > test.get("null", 0.0) else "reversed"
+  return "not shown"
+
+
+# --- counts --------------------------------------------------------------------------------
 
 def permutation_p(observed, null) -> float:
   """Monte-Carlo p of `observed` against `null` draws (larger = more extreme).
@@ -188,6 +429,8 @@ def _scalar(a: np.ndarray):
   return float(a) if a.ndim == 0 else a
 
 
+# --- resampling documents ------------------------------------------------------------------
+
 class Interval(NamedTuple):
   """A point estimate with its interval (`._asdict()` for JSON)."""
   estimate: float | np.ndarray
@@ -223,20 +466,86 @@ def bootstrap_mean_ci(values, docs, *, n_boot: int = 10_000, level: float = 0.95
   sums_DxV = np.zeros((D, values_PxV.shape[1]))
   np.add.at(sums_DxV, doc_P, values_PxV)
   sizes_D = np.bincount(doc_P, minlength=D).astype(np.float64)
-  estimate_V = sums_DxV.sum(0) / sizes_D.sum()
-  rng = np.random.default_rng(seed)
-  means = []
-  for lo in range(0, n_boot, chunk):
-    b = min(chunk, n_boot - lo)
-    draw_BxD = rng.integers(0, D, size=(b, D))
-    means.append(sums_DxV[draw_BxD].sum(1) / sizes_D[draw_BxD].sum(1)[:, None])
-  means_BxV = np.concatenate(means)
-  a = (1 - level) / 2
-  lo_V, hi_V = np.quantile(means_BxV, [a, 1 - a], axis=0)
+  estimate_V, lo_V, hi_V = _document_bootstrap(sums_DxV, sizes_D, n_boot=n_boot, level=level,
+                                               seed=seed, chunk=chunk)
   if one_d:
     return Interval(float(estimate_V[0]), float(lo_V[0]), float(hi_V[0]))
   return Interval(estimate_V, lo_V, hi_V)
 
+
+def doc_bootstrap_ci(delta_nats_SxD, tokens_D, *, n_boot: int = 2000, seed: int = 0,
+                     level: float = 0.95, chunk: int = 500) -> Interval:
+  """(point, lo, hi) of a paired contrast in bits per unit over the validation documents.
+
+  `delta_nats_SxD` is, per seed s and document, the contrast of the arms' summed nats
+  (e.g. nats_B - nats_A; rows are seeds, paired), `tokens_D` each document's target
+  count (the same for every run of one validation set). The point is the seed mean of
+  sum_D delta / sum_D tokens / ln 2; the CI is `bootstrap_mean_ci`'s document bootstrap of
+  that ratio, one resample of documents shared by every seed (so the pairing stays).
+  """
+  delta = np.asarray(delta_nats_SxD, np.float64)
+  w = np.asarray(tokens_D, np.float64)
+  if delta.ndim != 2 or delta.shape[1] != w.size or w.size == 0:
+    raise ValueError(f"doc_bootstrap_ci: delta {delta.shape} and tokens {w.shape} must be "
+                     "[S, D] and [D], D > 0.")
+  point, lo, hi = _document_bootstrap(delta.mean(axis=0), w, n_boot=n_boot, level=level,
+                                      seed=seed, chunk=chunk, scale=1.0 / math.log(2.0))
+  return Interval(float(point), float(lo), float(hi))
+
+
+def _document_bootstrap(sums_D, sizes_D, *, n_boot: int, level: float, seed: int, chunk: int,
+                        scale: float = 1.0):
+  """The document bootstrap of a ratio: (estimate, lo, hi) of scale · sum_D sums / sum_D
+  sizes and its percentile interval over `n_boot` resamples of the D documents with
+  replacement (drawn `chunk` at a time; the draws do not depend on `chunk`).
+
+  `sums_D` is [D] or [D, V] (V ratios over the same resamples, results [V]), `sizes_D` [D]
+  each document's weight (positions, tokens). A resample whose sizes sum below 1 (empty
+  documents only) divides by 1.
+  """
+  D = sizes_D.size
+  estimate = sums_D.sum(0) / sizes_D.sum() * scale
+  rng = np.random.default_rng(seed)
+  ratios = []
+  for start in range(0, n_boot, chunk):
+    draw_BxD = rng.integers(0, D, size=(min(chunk, n_boot - start), D))
+    size_B = np.maximum(sizes_D[draw_BxD].sum(1), 1.0)
+    ratios.append(sums_D[draw_BxD].sum(1) / size_B.reshape(-1, *[1] * (sums_D.ndim - 1))
+                  * scale)
+  a = (1 - level) / 2
+  lo, hi = np.quantile(np.concatenate(ratios), [a, 1 - a], axis=0)
+  return estimate, lo, hi
+
+
+def group_bootstrap_ci(delta_SxN, groups_N, weights: dict, *, n_boot: int = 2000,
+                       seed: int = 0, level: float = 0.95) -> Interval:
+  """(point, lo, hi) of a paired contrast over evaluation items (e.g. validation scenes):
+  `delta_SxN` is, per seed s and item, the arms' difference (rows are seeds, paired);
+  the statistic is sum_g weights[g] · mean over the items of group g of the seed-mean
+  difference (group "*" is every item), and the CI its percentile interval over resamples
+  of the items with replacement within each group (stratified), one resample shared by
+  every seed. NaNs when a weighted group has no item."""
+  delta = np.asarray(delta_SxN, np.float64)
+  groups = np.asarray(groups_N, dtype=object)
+  if delta.ndim != 2 or delta.shape[1] != groups.size or groups.size == 0:
+    raise ValueError(f"group_bootstrap_ci: delta {delta.shape} and groups {groups.shape} must "
+                     "be [S, N] and [N], N > 0.")
+  delta_N = delta.mean(axis=0)
+  members = {g: (np.arange(groups.size) if g == "*" else np.flatnonzero(groups == g))
+             for g in weights}
+  if any(m.size == 0 for m in members.values()):
+    return Interval(math.nan, math.nan, math.nan)
+  rng = np.random.default_rng(seed)
+  point, boot = 0.0, np.zeros(n_boot)
+  for g, w in weights.items():
+    values = delta_N[members[g]]
+    point += w * float(values.mean())
+    boot += w * values[rng.integers(0, values.size, size=(n_boot, values.size))].mean(axis=1)
+  lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+  return Interval(point, float(lo), float(hi))
+
+
+# --- code use ------------------------------------------------------------------------------
 
 def histogram_stats(counts_RxK) -> dict:
   """N_eff = exp(H), H / log K and the top-code share of each row's histogram.

@@ -24,6 +24,12 @@ over to source code):
 
 Offsets are BYTE offsets into the raw file (tokenize and ast count characters
 and UTF-8 bytes of the decoded line; both are converted).
+
+Token runs (a tokenizer's ids, not bytes: experiments/analysis/token_docs.py): the
+targets are taken from the document's text exactly as above, then carried to its tokens
+(`token_targets`): a token's local and statement label is that of its first byte that
+has one (so " return" is "return", "):\n" is "OP", a whitespace-only token has none
+unless its span reaches a labelled byte), and a document's imports are its text's.
 """
 
 from __future__ import annotations
@@ -147,6 +153,28 @@ class _Offsets:
       return self.from_chars(lineno, col)
     chars = len(self._decoded(lineno).encode("utf-8")[:col].decode("utf-8", errors="ignore"))
     return self.from_chars(lineno, chars)
+
+
+def token_targets(found: SourceTargets, starts, ends) -> SourceTargets:
+  """The per-byte targets `found` of a text carried to its tokens, token t holding bytes
+  [starts[t], ends[t]): each token's label is the first label among its bytes (-1 where
+  none has one, or the token holds no byte); `imports` unchanged."""
+  starts = np.asarray(starts, np.int64)
+  ends = np.asarray(ends, np.int64)
+
+  def carry(labels_N):
+    n = labels_N.size
+    # first[i]: the first labelled byte at or after byte i (n: none).
+    first = np.where(labels_N >= 0, np.arange(n), n)
+    first = np.append(np.minimum.accumulate(first[::-1])[::-1], n)
+    at = first[np.clip(starts, 0, n)]
+    ok = at < np.minimum(ends, n)
+    out = np.full(starts.shape, -1, np.int16)
+    out[ok] = labels_N[at[ok]]
+    return out
+
+  return SourceTargets(local=carry(found.local), statement=carry(found.statement),
+                       imports=found.imports)
 
 
 def _statement_labels(tree: ast.Module, offsets: _Offsets, size: int) -> np.ndarray:

@@ -4,7 +4,7 @@
                        [--config.train.steps=100 --config.data.path=texts/] [--max_memory=8GiB]
     lngram-exp eval    --workdir=runs/x [--step=N] [--mesh=data=2,table=4]   (LM runs)
     lngram-exp sample  --workdir=runs/x --prompt='def ' [--max_new_tokens=200 --top_k=20]
-    lngram-exp configs | prepare-data | train-tokenizer | import-hf  (experiments/*_commands.py)
+    lngram-exp configs | prepare-data | train-tokenizer | import-hf | export-hf
     lngram-exp plan    --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=64
                        [--accelerator=h100 --mfu=0.4]   (memory, FLOPs, collectives, step time)
     lngram-exp analyze --workdir=runs/x [--step=N] [--which=...]   (LM runs: the ID analyses;
@@ -14,8 +14,9 @@ Several devices: `--config.mesh.data=-1` (train), `--mesh=...` (eval, sample); s
 `--coordinator=host0:1234 --num_processes=N --process_id=i` (train; or JAX_COORDINATOR_ADDRESS,
 JAX_NUM_PROCESSES, JAX_PROCESS_ID). Each command takes only its own flags; every mistake is
 one line `error: ...` and exit status 2 (`--debug`: the traceback). Also `python -m
-experiments`. The logic lives in libraries (experiments.commands and below); this file
-defines the flags (absl, ml_collections config_flags) and calls them.
+experiments`. Each command is a module of experiments/cli/commands/ (its flags, its
+checks, its body); this file reads the command line and dispatches (flags.py defines the
+flags with absl and ml_collections config_flags).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from __future__ import annotations
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
-from experiments import data_commands, hf_commands
-from experiments.overrides import (
+from experiments.cli.commands import MODULES
+from experiments.cli.commands.analyze import ANALYZE_FLAGS_OF
+from experiments.cli.flags import define_flags
+from experiments.cli.overrides import (
     UsageError,
     given_flags,
     mentions_config,
@@ -34,89 +36,14 @@ from experiments.overrides import (
     refuse_flags,
 )
 
-# One line each for `lngram-exp --help`.
-COMMANDS = {
-    "train": "train (or resume) a run from a config file into --workdir",
-    "eval": "validation bits per byte of an LM run's checkpoint",
-    "sample": "continue prompts with an LM run's checkpoint",
-    "configs": "list the config files with their purpose",
-    "plan": "per-device memory, FLOPs, collective bytes and step time of a config on a "
-            "mesh, compiled from shapes before any run",
-    "analyze": "Lngram ID analyses of an LM run; attention, accuracy, LogitLens and "
-               "grounding analyses of a VLM run",
-}
-COMMANDS |= data_commands.COMMANDS | hf_commands.COMMANDS   # prepare-data, ..., import-hf
-# The flags each command takes (and --debug); analyze's depend on the run's kind.
-FLAGS_OF = {
-    "train": {"config", "workdir", "max_memory", "coordinator", "num_processes", "process_id"},
-    "eval": {"workdir", "step", "mesh"},
-    "sample": {"workdir", "step", "mesh", "prompt", "max_new_tokens", "temperature", "top_k",
-               "greedy", "seed", "cache"},
-    "analyze": {"workdir", "which", "step"},
-    "configs": set(),
-    "plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo"},
-}
-FLAGS_OF |= data_commands.FLAGS_OF | hf_commands.FLAGS_OF
-# The flags a command cannot run without (its usage line names them).
-REQUIRED_OF = {"train": ("config", "workdir"), "eval": ("workdir",), "sample": ("workdir",),
-               "analyze": ("workdir",), "plan": ("config",),
-               "prepare-data": ("input", "tokenizer", "out"), "train-tokenizer": ("out",),
-               "import-hf": ("hf_dir", "workdir"), "export-hf": ("workdir", "out")}
-ANALYZE_FLAGS_OF = {"lm": {"max_positions", "seed", "n_perm", "stability_steps", "dedup",
-                           "max_file_share", "perm_strata", "n_rho_boot"},
-                    "vlm": {"n", "max_new_tokens"}}
-
-
-def define_flags(argv: list[str]) -> flags.FlagValues:
-  """The flags, on a FlagValues of their own; config_flags reads overrides from `argv`."""
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "train, plan: config file <file.py[:arg]>; "
-                                  "set its fields with --config.<field>=<value>.",
-                                  flag_values=fv, sys_argv=argv)
-  for kind, name, default, bound, text in [
-      ("string", "workdir", None, None, "Run directory (checkpoints, metrics)."),
-      ("integer", "step", None, None, "eval/sample/analyze: checkpoint step (default newest)."),
-      ("multi_string", "prompt", ["def "], None, "sample: prompt(s), repeatable."),
-      ("integer", "max_new_tokens", None, 1, "sample: bytes to generate (default 200, capped "
-       "to max_len); analyze (VLM runs): answer length cap."),
-      ("float", "temperature", 0.8, None, "sample: softmax temperature."),
-      ("integer", "top_k", None, 1, "sample: keep the k most likely bytes."),
-      ("bool", "greedy", False, None, "sample: argmax decoding."),
-      ("integer", "seed", 0, None, "sample: PRNG seed; analyze (LM runs): every sample's seed."),
-      ("bool", "cache", True, None, "sample: KV cache + Lngram decode state."),
-      ("integer", "n", 32, 1, "analyze (VLM runs): validation scenes."),
-      ("list", "which", None, None, "analyze: which analyses (default all), e.g. "
-       "utilisation,id_knn,stability (LM runs) or attention,accuracy,grounding (VLM runs)."),
-      ("integer", "max_positions", 4000, 1, "analyze (LM runs): byte positions per split."),
-      ("list", "stability_steps", None, None, "analyze (LM runs): kept checkpoints to compare, "
-       "e.g. 100,300."),
-      ("integer", "n_perm", 500, 0, "analyze (LM runs): ID-KNN permutations."),
-      ("bool", "dedup", True, None, "analyze (LM runs): remove near-duplicate files from both "
-       "splits (experiments/analysis/dedup.py)."),
-      ("float", "max_file_share", 0.05, None, "analyze (LM runs): most of a split's positions "
-       "one file may give."),
-      ("string", "perm_strata", "nuisance_byte", None, "analyze (LM runs): the permutation "
-       "test's cells, nuisance or nuisance_byte (stratum x current byte)."),
-      ("integer", "n_rho_boot", 500, 0, "analyze (LM runs): bootstrap resamples of the rho CIs."),
-      ("string", "max_memory", None, None, "train: refuse a config whose parameters + "
-       "optimizer state exceed this, e.g. 8GiB (default: the machine's memory)."),
-      ("string", "coordinator", None, None, "train on several hosts: coordinator host:port."),
-      ("integer", "num_processes", None, 1, "train on several hosts: the process count."),
-      ("integer", "process_id", None, 0, "train on several hosts: this process's index."),
-      ("string", "mesh", None, None, "eval/sample/plan: a device mesh, e.g. data=2,table=4."),
-      ("string", "accelerator", "h100", None, "plan: h100, h200, h800, tpu_v4, tpu_v5e, "
-       "tpu_v5p or tpu_v6e (the step time's peak FLOP/s and links); --target sets it."),
-      ("string", "target", None, None, "plan: compile with the TPU compiler for this "
-       "topology, e.g. v5e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2 (needs pip install -e "
-       "'.[tpu]'; the mesh must have its device count)."),
-      ("string", "dump_hlo", None, None, "plan: write the compiled program's text to this "
-       "file."),
-      ("float", "mfu", 0.4, None, "plan: the share of peak FLOP/s the step time assumes."),
-      ("bool", "debug", False, None, "Show the full traceback of an error."),
-      *data_commands.FLAGS, *hf_commands.FLAGS]:
-    bounds = {} if bound is None else {"lower_bound": bound}
-    getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=fv, **bounds)
-  return fv
+# One line each for `lngram-exp --help`; the flags each command takes (and --debug; analyze's
+# depend on the run's kind); those it cannot run without (its usage line names them).
+COMMANDS = {name: text for m in MODULES for name, text in m.COMMANDS.items()}
+FLAGS_OF = {name: takes for m in MODULES for name, takes in m.FLAGS_OF.items()}
+REQUIRED_OF = {name: needs for m in MODULES for name, needs in m.REQUIRED_OF.items()}
+MODULE_OF = {name: m for m in MODULES for name in m.COMMANDS}
+__all__ = ["ANALYZE_FLAGS_OF", "COMMANDS", "FLAGS_OF", "REQUIRED_OF", "define_flags", "main",
+           "run_main", "usage"]
 
 
 def usage(fv: flags.FlagValues | None = None) -> str:
@@ -173,60 +100,21 @@ def _help(argv: list[str], fv: flags.FlagValues) -> tuple[str, int]:
 
 
 def _command(argv: list[str], fv: flags.FlagValues) -> int:
-  from experiments import commands, preflight
   if argv[1] in COMMANDS and argv[1] not in ("train", "plan") and mentions_config(argv):
     refuse_flags(["config"], argv[1], FLAGS_OF[argv[1]], FLAGS_OF)   # before it is read
   rest = parse_command_line(fv, argv)
   if len(rest) != 2 or rest[1] not in COMMANDS:
     raise UsageError(f"lngram-exp <{'|'.join(COMMANDS)}> [flags]; got {rest[1:]}")
-  command, f = rest[1], fv   # analyze's flags depend on the run's kind: checked below
+  command, f = rest[1], fv   # analyze's flags depend on the run's kind: checked there
   by_kind = set().union(*ANALYZE_FLAGS_OF.values()) if command == "analyze" else set()
   refuse_flags(given_flags(f), command, FLAGS_OF[command] | by_kind, FLAGS_OF)
   refuse_non_finite(f)
-  if command == "configs":
-    return commands.configs_command()
-  for extra in (data_commands, hf_commands):
-    if command in extra.COMMANDS:
-      return extra.run(command, f)
-  if command == "plan":
-    if f.config is None:
-      raise UsageError("lngram-exp plan needs --config=<file.py[:arg]>.")
-    return commands.plan_command(f.config, f.mesh, accelerator=f.accelerator, mfu=f.mfu,
-                                 target=f.target, dump_hlo=f.dump_hlo,
-                                 accelerator_given=f["accelerator"].present, argv=argv)
-  if not f.workdir:
-    raise UsageError(f"lngram-exp {command} needs --workdir.")
-  if command == "train":
-    if f.config is None:
-      raise UsageError("lngram-exp train needs --config=<file.py[:arg]>.")
-    return commands.train_command(f.config, f.workdir, max_memory=f.max_memory,
-                                  coordinator=f.coordinator, num_processes=f.num_processes,
-                                  process_id=f.process_id)
-  if command == "eval":
-    return commands.eval_command(f.workdir, step=f.step, mesh=f.mesh)
-  if command == "sample":
-    ignored = [name for name in ("temperature", "top_k", "seed") if f[name].present]
-    if f.greedy and ignored:
-      raise ValueError(f"sample --greedy does not take --{ignored[0]} (argmax decoding "
-                       "draws nothing).")
-    return commands.sample_command(f.workdir, f.prompt, step=f.step, mesh=f.mesh,
-                                   max_new_tokens=f.max_new_tokens, seed=f.seed,
-                                   temperature=f.temperature, top_k=f.top_k,
-                                   greedy=f.greedy, use_cache=f.cache)
-  from experiments.analysis.run import run_kind
-  preflight.check_workdir(f.workdir, train=False)
-  kind = run_kind(f.workdir)   # which analyses, and so which flags, apply
-  refuse_flags(given_flags(f), f"analyze of an {kind.upper()} run",
-               FLAGS_OF["analyze"] | ANALYZE_FLAGS_OF[kind],
-               {f"analyze of {k.upper()} runs": v for k, v in ANALYZE_FLAGS_OF.items()})
-  if kind == "vlm":
-    return commands.analyze_command(f.workdir, kind, which=f.which, step=f.step, n=f.n,
-                                    max_new_tokens=f.max_new_tokens)
-  return commands.analyze_command(f.workdir, kind, which=f.which, step=f.step, seed=f.seed,
-                                  max_positions=f.max_positions, n_perm=f.n_perm,
-                                  stability_steps=f.stability_steps, dedup=f.dedup,
-                                  max_file_share=f.max_file_share, perm_strata=f.perm_strata,
-                                  n_rho_boot=f.n_rho_boot)
+  missing = [name for name in REQUIRED_OF.get(command, ()) if not f[name].value]
+  if missing:
+    what = "<file.py[:arg]>" if missing == ["config"] else ""
+    raise UsageError(f"lngram-exp {command} needs --{' --'.join(missing)}"
+                     f"{'=' + what if what else ''}.")
+  return MODULE_OF[command].run(command, f, argv)
 
 
 def run_main(argv: list[str] | None = None) -> int:
@@ -245,7 +133,7 @@ def run_main(argv: list[str] | None = None) -> int:
   from experiments.plan.tpu import quiet_backend_probe
   quiet_backend_probe()   # libtpu (the [tpu] extra) on a machine without TPU chips
   try:
-    from experiments.commands import command_logging
+    from experiments.cli.logs import command_logging
     with command_logging():
       return _command(argv, fv)
   except UsageError as e:

@@ -5,7 +5,7 @@ the exact command that runs it. `base.py` (LM) and `vlm_common.py` (VLM)
 hold the shared defaults. Config files are leaves: they import only
 ml_collections and those two modules; the conversions to library objects
 live in the library (`experiments.models.config.lm_config`,
-`experiments.vlm.config.vlm_config`, `experiments.data.corpus_spec`). Only
+`experiments.vlm.tiny.config.vlm_config`, `experiments.data.corpus_spec`). Only
 the helpers below are used from outside, to load a config file by path, and
 `LATER_FIELDS` (base.py), which resuming a run saved before those fields
 existed reads.

@@ -16,7 +16,10 @@ Layout of an experiment config:
   optim   AdamW, schedule, clipping, the table learning-rate multiplier.
   train   steps, logging, evaluation, checkpoints; the run-control fields
           allow_config_change (resume with another optimiser/schedule),
-          profile_steps (steps to trace), grad_accum (micro-batches per step).
+          profile_steps (steps to trace), grad_accum (micro-batches per step);
+          wandb_project (set: the metrics also go to a Weights & Biases run, the
+          `track` extra), wandb_entity, wandb_run_name, wandb_tags ("a,b"); ""
+          leaves each to W&B (its WANDB_* environment variables).
   mesh    device mesh axis sizes data, fsdp, seq, table, expert (-1: the devices the
           others leave); all 1 = one device (experiments/trainer/placement.py).
   init_from  "" or the workdir of a run without memory: start from its
@@ -42,15 +45,20 @@ def base_config() -> ml_collections.ConfigDict:
   # at most val_budget units in all (0: no bound), packed per document, losses kept per
   # document (experiments/data/validation.py); val_doc_cap 0 = the older first
   # eval_batches batches in path order (what a saved run without the field reads back).
+  # dedup_validation (byte corpora): leave out every validation file with a near-duplicate
+  # in the training split (experiments/data/dedup.py's rule; the files left out are
+  # recorded in eval_per_doc.json). Off here, so every config and saved run keeps the set it
+  # declared; the reproduction's runs declared from its v3 controls on turn it on.
   c.data = dict(kind="bytes", path="", val_fraction=0.05, max_files=0, seq_len=128,
                 batch_size=16, seed=0, eval_batches=16, allow_corpus_change=False,
-                val_doc_cap=32768, val_budget=524288)
+                val_doc_cap=32768, val_budget=524288, dedup_validation=False)
   # state_dtype "": AdamW's first moment in the parameters' dtype.
   c.optim = dict(lr=3e-3, table_lr_mult=4.0, weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8,
                  warmup_steps=50, min_lr_ratio=0.1, clip_norm=1.0, state_dtype="")
   c.train = dict(steps=600, seed=0, log_every=10, eval_every=200, ckpt_every=200,
                  max_to_keep=3, async_checkpoint=True, progress=True,
-                 allow_config_change=False, profile_steps=(), grad_accum=1)
+                 allow_config_change=False, profile_steps=(), grad_accum=1,
+                 wandb_project="", wandb_entity="", wandb_run_name="", wandb_tags="")
   c.mesh = dict(data=1, fsdp=1, seq=1, table=1, expert=1)
   c.init_from = ""
   return c
@@ -60,7 +68,9 @@ def base_config() -> ml_collections.ConfigDict:
 # lacks one ran with this value, so resuming it with this value is no change.
 LATER_FIELDS = {"optim.state_dtype": "", "train.allow_config_change": False,
                 "train.profile_steps": (), "train.grad_accum": 1,
-                "data.allow_corpus_change": False, "data.kind": "bytes", "model.vocab_size": 0}
+                "data.allow_corpus_change": False, "data.kind": "bytes", "model.vocab_size": 0,
+                "train.wandb_project": "", "train.wandb_entity": "", "train.wandb_run_name": "",
+                "train.wandb_tags": "", "data.dedup_validation": False}
 
 
 def memory_run(arg: str) -> tuple[ml_collections.ConfigDict, bool, list[str]]:

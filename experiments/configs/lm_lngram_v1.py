@@ -14,6 +14,11 @@ tables and conv taps, as in the authors' code).
 
 The arg is a comma-separated list:
   mem<Dm>               table row width, e.g. mem8 or mem32
+  r<R>                  R routes set apart from the width (router d -> R·M, as Lngram
+                        v2's; a control: v1 itself has R = d / M)
+  zerotable             the tables stay at their zero init (frozen, `optim.freeze`):
+                        every read is 0, so only the dense path acts (k = b_K,
+                        v = b_V, the gate and the conv); a control locating v1's lead
   exact|onebit|ste|none the router's surrogate gradient (default onebit; the
                         authors' single-table file builds only "exact")
   smoke                 seconds on CPU: tiny model, a slice of the corpus
@@ -41,8 +46,13 @@ def get_config(arg: str = ""):
       config.model.memory.surrogate = part
     elif part.startswith("mem") and part[3:].isdigit():
       config.model.memory.mem_dim = int(part[3:])
+    elif part.startswith("r") and part[1:].isdigit():
+      config.model.memory.n_routes = int(part[1:])
+    elif part == "zerotable":   # zero at init (table_init_std 0) and never trained
+      config.model.memory.table_init_std = 0.0
+      config.optim.freeze = ("tables",)
     else:
       raise ValueError(
-          f"lm_lngram_v1: unknown config arg {part!r}; use mem<Dm>, one of {SURROGATES}, "
-          "or smoke.")
+          f"lm_lngram_v1: unknown config arg {part!r}; use mem<Dm>, r<routes>, zerotable, "
+          f"one of {SURROGATES}, or smoke.")
   return config

@@ -12,7 +12,7 @@ tables, the one-bit surrogate. The paper gives no table width for v1 at
 d = 768; Dm = 24 is ours, chosen so that v2 r16 (moe06b_lngram_v2.py) has the
 paper's 82.6% fewer module parameters and 95.2% fewer active ones (we get
 82.61% / 95.22%: 55.46M / 15.37M for v1's two layers against v2's 9.64M /
-0.73M; `python -m experiments.bench.moe06b_params` prints them).
+0.73M; `python -m experiments.tools.bench.moe06b_params` prints them).
 
 Args (comma-separated):
   exact|onebit|ste|none the router's surrogate gradient (default onebit)

@@ -21,8 +21,8 @@ ml_collections and `base`. The trainer reads `optim`, `train` and
                       LR, clip ε, KL coefficient, sampling temperature
   plan_devices        `train` first prints the memory plan for that many devices
 
-The library turns the block into a model: experiments/qwen3vl/pvm.py
-(`model_config`); the stages are experiments/tasks/qwen3vl.py.
+The library turns the block into a model: experiments/vlm/qwen3vl/pvm.py
+(`model_config`); the stages are experiments/jobs/qwen3vl/task.py.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def apply_args(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
   if size in SIZES:
     q.pvm.layers = SIZES[size]
     return c
-  # smoke: a tiny random Qwen3-VL (experiments/qwen3vl/pvm.py), seconds on CPU.
+  # smoke: a tiny random Qwen3-VL (experiments/vlm/qwen3vl/pvm.py), seconds on CPU.
   c.plan_devices = 0
   c.data.update(batch_size=2, seq_len=192)
   c.optim.update(warmup_steps=0)

@@ -12,7 +12,7 @@ seed / log_every) plus a `vlm` block of groups:
   vlm.eval     greedy evaluation after training
   vlm.grpo     Stage II
 
-The library turns it into a model config: `experiments.vlm.config.vlm_config`.
+The library turns it into a model config: `experiments.vlm.tiny.config.vlm_config`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def vlm_base_config() -> ml_collections.ConfigDict:
           # vlm_base sets the recipe; Stages I/II must leave it empty.
           curriculum="",
           # stage 0 only: weight of the per-cell class loss on the encoder's patch features
-          # (experiments/vlm/cell_loss.py); 0 = captions/counting only, the first recipe
+          # (experiments/vlm/tiny/cell_loss.py); 0 = captions/counting only, the first recipe
           cell_loss_weight=1.0),
       # 48x48 images, one 16x16 patch per grid cell -> 9 visual tokens; visual_pos: a
       # learned LM-side position per visual token (experiments/vlm/model.Projector);

@@ -7,7 +7,9 @@ row order of epoch e are permutations drawn from numpy's generator seeded with
 read through a grain iterator, whose state (the next batch index) is saved in
 every checkpoint: restoring it resumes at exactly the next batch.
 
-This is the only module that imports grain; restoring a model does not need it.
+Token data (experiments/data/tokens/rows.py) reads its rows through the same two
+builders, `batch_iterator` (training) and `fixed_batches` (validation). This is the
+only module that imports grain; restoring a model does not need it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,48 @@ def _row_of_block(source, batch_size: int, first: int, per: int, i: int) -> dict
   return source[(i // per) * batch_size + first + i % per]
 
 
+def batch_iterator(source, *, batch_size: int, rows: tuple[int, int] | None, prefetch: int,
+                   name: str = "TrainIterator"):
+  """A grain iterator over `source` (random access, indexed by global row) in batches of
+  `batch_size` rows: global batch n is rows n·batch_size .. (n + 1)·batch_size - 1.
+
+  `rows=(a, b)`: only rows a..b-1 of every global batch (one process's part); None: whole
+  batches. Either way the iterator's state (`get_state`/`set_state`) is the index of the
+  next global batch, so a state resumes under any split of the rows. `prefetch` batches
+  are read ahead by one thread (0: read on demand, in the caller's thread)."""
+  dataset = grain.MapDataset.source(source)
+  if rows is not None:
+    a, b = rows
+    if not 0 <= a < b <= batch_size:
+      raise ValueError(f"{name}: rows={rows} must satisfy 0 <= a < b <= "
+                       f"batch_size={batch_size}.")
+    per = b - a
+    dataset = grain.MapDataset.range(len(source) // batch_size * per).map(
+        functools.partial(_row_of_block, source, batch_size, a, per))
+    batch_size = per
+  dataset = dataset.batch(batch_size, drop_remainder=True)
+  # One reader thread: rows are cheap and the cores belong to XLA.
+  options = grain.ReadOptions(num_threads=1 if prefetch else 0,
+                              prefetch_buffer_size=max(prefetch, 1))
+  return iter(dataset.to_iter_dataset(options))
+
+
+def fixed_batches(source, *, batch_size: int, max_batches: int) -> list[dict]:
+  """The first rows of `source` in index order, as at most `max_batches` batches; a last
+  partial batch is padded with all-zero rows (loss_mask 0), so every batch has one shape
+  (one compiled eval step)."""
+  n = min(len(source), max_batches * batch_size)
+  dataset = grain.MapDataset.source(source)[:n].batch(batch_size, drop_remainder=False)
+  batches = []
+  for batch in dataset:
+    short = batch_size - batch["inputs"].shape[0]
+    if short:
+      batch = {k: np.concatenate([v, np.zeros((short, *v.shape[1:]), v.dtype)])
+               for k, v in batch.items()}
+    batches.append(batch)
+  return batches
+
+
 class TrainIterator:
   """Endless training batches with a JSON-serialisable, exactly resumable state."""
 
@@ -75,21 +119,8 @@ class TrainIterator:
         "file_list_sha256": corpus.manifest["file_list_sha256"],
         "seq_len": seq_len, "batch_size": batch_size, "seed": seed,
     }
-    dataset = grain.MapDataset.source(self.source)
-    if rows is not None:
-      a, b = rows
-      if not 0 <= a < b <= batch_size:
-        raise ValueError(f"TrainIterator: rows={rows} must satisfy 0 <= a < b <= "
-                         f"batch_size={batch_size}.")
-      per = b - a
-      dataset = grain.MapDataset.range(len(self.source) // batch_size * per).map(
-          functools.partial(_row_of_block, self.source, batch_size, a, per))
-      batch_size = per
-    dataset = dataset.batch(batch_size, drop_remainder=True)
-    # One reader thread: rows are cheap and the cores belong to XLA.
-    options = grain.ReadOptions(num_threads=1 if prefetch else 0,
-                                prefetch_buffer_size=max(prefetch, 1))
-    self._iter = iter(dataset.to_iter_dataset(options))
+    self._iter = batch_iterator(self.source, batch_size=batch_size, rows=rows,
+                                prefetch=prefetch)
 
   @property
   def rows_per_epoch(self) -> int:
@@ -122,13 +153,4 @@ def eval_batches(corpus: Corpus, *, seq_len: int, batch_size: int, max_batches: 
   has one shape (one compiled eval step).
   """
   source = PackedRows(corpus.val_docs, seq_len, seed=None)
-  n = min(len(source), max_batches * batch_size)
-  dataset = grain.MapDataset.source(source)[:n].batch(batch_size, drop_remainder=False)
-  batches = []
-  for batch in dataset:
-    short = batch_size - batch["inputs"].shape[0]
-    if short:
-      batch = {k: np.concatenate([v, np.zeros((short, *v.shape[1:]), v.dtype)])
-               for k, v in batch.items()}
-    batches.append(batch)
-  return batches
+  return fixed_batches(source, batch_size=batch_size, max_batches=max_batches)

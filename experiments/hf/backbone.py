@@ -2,7 +2,11 @@
 
     with_hf_backbone(config)   a copy whose model block describes the backbone
                                in DIR; the training run then copies its tensors
-                               in (experiments/tasks/init_from.py)
+                               in (experiments/jobs/init_from.py)
+
+DIR is a checkpoint directory or a hub id, `hf:Qwen/Qwen3-0.6B[@revision]`
+(fetched into the Hugging Face cache, or found there: experiments/hf/hub.py);
+the saved config keeps what was given.
 
 Backbone shape fields of the experiment config (d_model, n_layers, n_heads,
 n_kv_heads, head_dim, ffn_dim, vocab_size) are 0 ("from config.json") or must
@@ -29,10 +33,20 @@ FAMILY_FIELDS = ("rope_theta", "rope_scaling", "tie_embeddings", "norm_eps", "qk
                  "qk_norm", "norm_scale_in_dtype")
 
 
-def hf_dir_of(init_from) -> str | None:
-  """The checkpoint directory of `init_from=hf:DIR`, else None."""
+def hf_source_of(init_from) -> str | None:
+  """The DIR of `init_from=hf:DIR` as given (a directory or a hub id), else None."""
   text = str(init_from or "")
   return text[len(HF_PREFIX):] if text.startswith(HF_PREFIX) else None
+
+
+def hf_dir_of(init_from) -> str | None:
+  """The local checkpoint directory of `init_from=hf:DIR` (a hub id's snapshot in the
+  Hugging Face cache, fetched if need be), else None."""
+  source = hf_source_of(init_from)
+  if source is None:
+    return None
+  from experiments.hf.hub import resolve_checkpoint
+  return str(resolve_checkpoint(source))
 
 
 def set_backbone(model_block, lm: LMConfig, *, check: bool) -> None:
@@ -56,7 +70,8 @@ def check_byte_data(init_from: str, hf_dir: str, vocab_size: int) -> None:
   """Refuses byte data (data.kind="bytes", the default) for a checkpoint whose ids are
   not bytes: one with its own tokenizer.json, or a vocabulary other than 256 (bytes
   would be read as the first 256 ids of a vocabulary that means something else)."""
-  tokens = ("prepare token data with it (lngram-exp prepare-data --tokenizer=" + hf_dir
+  source = hf_source_of(init_from) or hf_dir
+  tokens = ("prepare token data with it (lngram-exp prepare-data --tokenizer=" + source
             + " --input=... --out=DATA) and pass --config.data.kind=tokens "
             "--config.data.path=DATA")
   if (Path(hf_dir) / "tokenizer.json").is_file():

@@ -20,6 +20,9 @@ from experiments.models.config import LMConfig
 from experiments.models.moe import MoEConfig
 
 # model_type -> the architecture it must name, and whether q/k/v carry biases.
+# The name under which a run imported from a checkpoint keeps its config.json (export-hf
+# starts from it; a run's tokenizer codec reads its EOS ids from it).
+HF_CONFIG_COPY = "hf_config.json"
 SUPPORTED = {"qwen3": ("Qwen3ForCausalLM", False),
              "llama": ("LlamaForCausalLM", False),
              "qwen2": ("Qwen2ForCausalLM", True),

@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.hf import memory_export, qwen3_moe
-from experiments.hf.atomic_dir import check_new_directory, new_directory
+from experiments.hf.atomic_dir import new_directory
 from experiments.hf.load import LNGRAM_ENTRY
 from experiments.hf.memory_export import lngram_v2_export
 from experiments.hf.names import param_targets, to_hf
@@ -99,21 +99,15 @@ def hf_config_json(config: LMConfig, source: dict | None = None) -> dict:
   return out
 
 
-def export_hf(workdir, out, *, step: int | None = None,
-              max_shard_bytes: int = 4 * 2**30) -> dict:
-  """Writes the backbone of the run in `workdir` (newest valid step, or `step`) to `out`.
+def export_lm(model, workdir, out, step: int, *, max_shard_bytes: int = 4 * 2**30) -> dict:
+  """Writes the backbone of `model`, restored from the run in `workdir` at `step`, to `out`
+  (checked new or empty by the caller; the run's hf_config.json and tokenizer files are
+  read from `workdir`).
 
-  `out` must be new or empty; it appears whole at the end or not at all
-  (`new_directory`). A branch with no Hugging Face form is named in a warning.
-  Returns {"out", "files", "tensors", "step", "left_out" (the warnings' lines)}.
+  `out` appears whole at the end or not at all (`new_directory`). A branch with no
+  Hugging Face form is named in a warning. Returns {"out", "files", "tensors", "step",
+  "left_out" (the warnings' lines)}.
   """
-  from experiments.tasks.restore import restore
-
-  out = check_new_directory(out, "out", "export-hf", "checkpoint")
-  model, experiment = restore(workdir, step)
-  if type(model).__name__ == "Qwen3VL":   # with its PVM branches in the authors' layout
-    from experiments.hf.qwen3vl_export import export_qwen3vl
-    return export_qwen3vl(model, workdir, out, experiment.restored_step)
   if not isinstance(getattr(model, "config", None), LMConfig):
     raise HFCheckpointError(f"{workdir}: export-hf exports LM runs, not this one.")
   flat = {path_str(path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(
@@ -159,4 +153,4 @@ def export_hf(workdir, out, *, step: int | None = None,
   for line in dropped:
     warnings.warn(line, UserWarning, stacklevel=2)
   return {"out": str(out), "files": files, "tensors": len(tensors),
-          "step": int(experiment.restored_step), "left_out": dropped}
+          "step": int(step), "left_out": dropped}

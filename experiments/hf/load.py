@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding
 
 from experiments.hf import qwen3_moe
 from experiments.hf.config import check_matches, hf_lm_config, read_config_json
+from experiments.hf.hub import resolve_checkpoint
 from experiments.hf.names import hf_shapes, ignorable, param_targets
 from experiments.hf.safetensors_io import INDEX_NAME, SINGLE_NAME, Checkpoint, HFCheckpointError
 from experiments.models.config import LMConfig
@@ -41,7 +42,8 @@ from experiments.trainer.optimizer import path_str
 from experiments.trainer.placement import param_spec
 
 
-def _named(names, limit=6) -> str:
+def named(names, limit=6) -> str:
+  """Up to `limit` of `names`, sorted, for an error line ("a, b and 3 more")."""
   names = sorted(names)
   more = f" and {len(names) - limit} more" if len(names) > limit else ""
   return ", ".join(names[:limit]) + more
@@ -59,10 +61,10 @@ def check_tensor_set(ckpt: Checkpoint, want: dict, ignore=lambda name: False) ->
   have = ckpt.names()
   missing = set(want) - have
   if missing:
-    raise HFCheckpointError(f"{ckpt.dir}: missing tensors {_named(missing)}.")
+    raise HFCheckpointError(f"{ckpt.dir}: missing tensors {named(missing)}.")
   unexpected = {n for n in have - set(want) if not ignore(n)}
   if unexpected:
-    raise HFCheckpointError(f"{ckpt.dir}: unexpected tensors {_named(unexpected)} (not "
+    raise HFCheckpointError(f"{ckpt.dir}: unexpected tensors {named(unexpected)} (not "
                             "part of the model config.json describes).")
   for name, shape in sorted(want.items()):
     if ckpt.shape(name) != shape:
@@ -176,8 +178,10 @@ def fill_backbone(model: DecoderLM, hf_dir, *, mesh=None, rules=None) -> dict:
   keep their values; in an abstract model that is an error. An untied model
   reads lm_head.weight even where config.json ties (load_hf's choice for a
   distinct head); a tied one is refused when that head differs from the
-  embedding. Returns {"copied", "fresh" (paths left as they were)}.
+  embedding. Returns {"copied", "fresh" (paths left as they were)}. `hf_dir`: a
+  directory or a hub id (experiments/hf/hub.py).
   """
+  hf_dir = resolve_checkpoint(hf_dir)
   hf = read_config_json(hf_dir)
   check_memory_files(hf_dir, hf)
   hf_config = hf_lm_config(hf, dtype=model.config.dtype, param_dtype=model.config.param_dtype)
@@ -210,8 +214,10 @@ def load_hf(hf_dir, *, config: LMConfig | None = None, mesh=None, rules=None, dt
   config.json sits beside a distinct lm_head.weight), with dtype /
   param_dtype (default the checkpoint's) and max_len (default
   max_position_embeddings). Branch parameters are drawn from their init
-  (seed 0); the backbone is never drawn.
+  (seed 0); the backbone is never drawn. `hf_dir`: a directory or a hub id
+  (experiments/hf/hub.py).
   """
+  hf_dir = resolve_checkpoint(hf_dir)
   if config is None:
     config = hf_lm_config(read_config_json(hf_dir), dtype=dtype, param_dtype=param_dtype,
                           max_len=max_len)

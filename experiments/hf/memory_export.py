@@ -2,6 +2,8 @@
 
     lngram_v2_export(config, flat)   ({name: array}, the JSON config) for the
                                      Lngram v2 layers of a run, or None
+    lngram_v2_table(config)          {our path: Row}: the name table below, per layer
+                                     (rows as in experiments/hf/names.py)
 
 The names and shapes are those of `RouteNgramMemoryV2`'s `state_dict()` in the
 paper authors' reference implementation (`Lngram_v2.py` of the GitHub
@@ -30,8 +32,11 @@ arguments of `RouteNgramMemoryV2`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from experiments.hf.tables import SAME, TRANSPOSE, Row, Rule, table_to_hf
 from lngram_jax.config import LngramConfig
 
 FILE = "lngram_v2.safetensors"
@@ -44,18 +49,45 @@ SURROGATE_MODES = {"onebit": ("approximate", True), "exact": ("exact", True),
                    "ste": ("approximate", True), "none": ("approximate", False)}
 
 
+# [W, D] <-> [D, 1, W] (a depthwise Conv1d weight; taps oldest first in both)
+_CONV = Rule(lambda w: w[:, 0, :].T, lambda a, shape: (a.T[:, None, :],))
+
+
+def module_table(c: LngramConfig) -> dict[str, Row]:
+  """One LngramV2 layer's name table: {our name (in the layer): Row (their name in the
+  RouteNgramMemoryV2 module)}; experiments/hf/names.py reads it both ways."""
+  D, route_dim = c.d_model, len(c.orders) * c.mem_dim
+  q, kv = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
+  t = {f"tables/{j}": Row(f"tables.ngram_{n}.weight", (c.routes * (1 << c.bits) ** n, c.mem_dim),
+                          SAME) for j, n in enumerate(c.orders)}
+  return t | {"q_norm": Row("readout_query_norm.weight", (D,), SAME),
+              "w_q": Row("readout_q_proj.weight", (q, D), TRANSPOSE),
+              "mem_norm": Row("readout_memory_norm.weight", (route_dim,), SAME),
+              "w_kv": Row("readout_kv_proj.weight", (2 * kv, route_dim), TRANSPOSE),
+              "w_o": Row("readout_o_proj.weight", (D, q), TRANSPOSE),
+              "conv_norm": Row("short_conv.norm.weight", (D,), SAME),
+              "conv_kernel": Row("short_conv.conv.weight", (D, 1, c.conv_kernel), _CONV)}
+
+
+def lngram_v2_table(lm_config) -> dict[str, Row]:
+  """The name table of every Lngram v2 layer of `lm_config` ({our path: Row}; {} without
+  any): each layer's module under `model.layers.<i>.lngram.`, and its router."""
+  memory = lm_config.memory
+  if not isinstance(memory, LngramConfig):
+    return {}
+  out = {}
+  for layer in lm_config.memory_layers:
+    ours, theirs = f"blocks/{layer}/memory/", f"model.layers.{layer}."
+    for name, row in module_table(memory).items():
+      out[ours + name] = dataclasses.replace(row, theirs=(theirs + "lngram." + row.theirs[0],))
+    out[ours + "router_w"] = Row(theirs + "lngram_router.weight",
+                                 (memory.routes * memory.bits, memory.d_model), TRANSPOSE)
+  return out
+
+
 def module_tensors(c: LngramConfig, params: dict) -> dict[str, np.ndarray]:
   """One LngramV2 layer's parameters ({ours: array}) under RouteNgramMemoryV2's names."""
-  out = {f"tables.ngram_{n}.weight": np.asarray(params[f"tables/{j}"])
-         for j, n in enumerate(c.orders)}
-  out |= {"readout_query_norm.weight": params["q_norm"],
-          "readout_q_proj.weight": params["w_q"].T,
-          "readout_memory_norm.weight": params["mem_norm"],
-          "readout_kv_proj.weight": params["w_kv"].T,
-          "readout_o_proj.weight": params["w_o"].T,
-          "short_conv.norm.weight": params["conv_norm"],
-          "short_conv.conv.weight": params["conv_kernel"].T[:, None, :]}
-  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  return table_to_hf(module_table(c), params)
 
 
 def module_kwargs(c: LngramConfig) -> dict:
@@ -81,16 +113,8 @@ def lngram_v2_export(lm_config, flat: dict[str, np.ndarray]):
   memory = lm_config.memory
   if not isinstance(memory, LngramConfig) or not lm_config.memory_layers:
     return None
-  tensors, layers = {}, []
-  for layer in lm_config.memory_layers:
-    prefix = f"blocks/{layer}/memory/"
-    params = {k[len(prefix):]: np.asarray(v) for k, v in flat.items() if k.startswith(prefix)}
-    for name, value in module_tensors(memory, params).items():
-      tensors[f"model.layers.{layer}.lngram.{name}"] = value
-    tensors[f"model.layers.{layer}.lngram_router.weight"] = np.ascontiguousarray(
-        params["router_w"].T)
-    layers.append(layer)
-  config = {"module": SOURCE, "layers": layers,
+  tensors = table_to_hf(lngram_v2_table(lm_config), flat)
+  config = {"module": SOURCE, "layers": list(lm_config.memory_layers),
             "prefix": "model.layers.<i>.lngram.", "router": "model.layers.<i>.lngram_router.weight",
             "kwargs": module_kwargs(memory),
             "sink": bool(memory.sink), "surrogate": memory.surrogate,

@@ -1,5 +1,6 @@
 """PVM branches under the authors' parameter names and config fields (DESIGN.md §11.8).
 
+    pvm_table(lm_config)              {our path: Row}: the name table (experiments/hf/names.py)
     pvm_targets(lm_config)            {our path: Target} reading their tensors (import)
     pvm_to_hf(lm_config, flat)        {their name: array} of every PVM layer (export)
     pvm_text_fields(lm_config)        {"pvm_layers", "pvm_hidden_size"} for text_config
@@ -43,10 +44,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.hf.names import Target
 from experiments.hf.safetensors_io import HFCheckpointError
-from experiments.models.branches import PVMBranchConfig
+from experiments.hf.tables import SAME, TRANSPOSE, Row, Target, reshaped, table_targets, table_to_hf
 from experiments.models.config import LMConfig
+from experiments.vlm.qwen3vl.pvm import authors_pvm_config
 from pvm_jax.config import PVMConfig
 
 SOURCE = "PVMMemoryBlock (modeling_qwen3_vl.py, github.com/huaixuheqing/PVM)"
@@ -55,39 +56,29 @@ PREFIX = "model.language_model.layers.{layer}.pvm_block."
 PVM_FIELDS = ("pvm_layers", "pvm_hidden_size")
 
 
-def _t(w):
-  return np.ascontiguousarray(np.asarray(w).T)
-
-
-# ours -> (theirs, ours -> theirs, theirs -> ours). Every transform is exact
+# ours -> (theirs, their shape from the branch config, the rule). Every rule is exact
 # (a transpose or a reshape), so export -> import is bit for bit.
 NAMES = {
-    "w_down_txt": ("text_reducer.weight", _t, _t),
-    "lat_norm": ("input_norm.weight", np.asarray, np.asarray),
-    "w_down_vis": ("vision_reducer.weight", _t, _t),
-    "w_q": ("cross_attn.q_proj.weight", _t, _t),
-    "w_k": ("cross_attn.k_proj.weight", _t, _t),
-    "w_v": ("cross_attn.v_proj.weight", _t, _t),
-    "q_norm": ("cross_attn.q_norm.weight", np.asarray, np.asarray),
-    "k_norm": ("cross_attn.k_norm.weight", np.asarray, np.asarray),
-    "w_o": ("cross_attn.o_proj.weight", _t, _t),
-    "ffn_norm": ("post_attn_norm.weight", np.asarray, np.asarray),
-    "w_gate": ("mlp.gate_proj.weight", _t, _t),
-    "w_in": ("mlp.up_proj.weight", _t, _t),
-    "w_ffn_out": ("mlp.down_proj.weight", _t, _t),
-    "w_up": ("output_expander.weight", _t, _t),
-    "gate": ("gate_alpha", lambda g: np.reshape(np.asarray(g), (1,)),
-             lambda g: np.reshape(np.asarray(g), ())),
+    "w_down_txt": ("text_reducer.weight", lambda p: (p.latent_dim, p.d_model), TRANSPOSE),
+    "lat_norm": ("input_norm.weight", lambda p: (p.latent_dim,), SAME),
+    "w_down_vis": ("vision_reducer.weight", lambda p: (p.latent_dim, p.vis_dim), TRANSPOSE),
+    "w_q": ("cross_attn.q_proj.weight", lambda p: (p.q_heads * p.head_dim, p.latent_dim),
+            TRANSPOSE),
+    "w_k": ("cross_attn.k_proj.weight", lambda p: (p.kv_heads * p.head_dim, p.latent_dim),
+            TRANSPOSE),
+    "w_v": ("cross_attn.v_proj.weight", lambda p: (p.kv_heads * p.head_dim, p.latent_dim),
+            TRANSPOSE),
+    "q_norm": ("cross_attn.q_norm.weight", lambda p: (p.head_dim,), SAME),
+    "k_norm": ("cross_attn.k_norm.weight", lambda p: (p.head_dim,), SAME),
+    "w_o": ("cross_attn.o_proj.weight", lambda p: (p.latent_dim, p.q_heads * p.head_dim),
+            TRANSPOSE),
+    "ffn_norm": ("post_attn_norm.weight", lambda p: (p.latent_dim,), SAME),
+    "w_gate": ("mlp.gate_proj.weight", lambda p: (p.ffn_dim, p.latent_dim), TRANSPOSE),
+    "w_in": ("mlp.up_proj.weight", lambda p: (p.ffn_dim, p.latent_dim), TRANSPOSE),
+    "w_ffn_out": ("mlp.down_proj.weight", lambda p: (p.latent_dim, p.ffn_dim), TRANSPOSE),
+    "w_up": ("output_expander.weight", lambda p: (p.d_model, p.latent_dim), TRANSPOSE),
+    "gate": ("gate_alpha", lambda p: (1,), reshaped()),
 }
-
-
-def authors_pvm_config(lm_config: LMConfig, latent_dim: int) -> PVMBranchConfig:
-  """The branch `PVMMemoryBlock` builds at `latent_dim` inside `lm_config`'s backbone."""
-  c = lm_config
-  return PVMBranchConfig(
-      d_model=c.d_model, latent_dim=latent_dim, head_dim=c.head_dim,
-      backbone_gqa_ratio=max(1, c.n_heads // c.n_kv_heads), backbone_ffn_dim=c.ffn_dim,
-      eps=c.norm_eps, dtype=c.dtype, param_dtype=c.param_dtype)
 
 
 def authors_mismatch(lm_config: LMConfig) -> list[str]:
@@ -146,18 +137,25 @@ def pvm_config_from_hf(text_config: dict, lm_config: LMConfig):
   return tuple(sorted(set(layers))), authors_pvm_config(lm_config, latent)
 
 
-def pvm_targets(lm_config: LMConfig, ours_prefix: str = "") -> dict[str, Target]:
-  """{our path: Target} of every PVM parameter of `lm_config`, read from their tensors.
+def pvm_table(lm_config: LMConfig, ours_prefix: str = "") -> dict[str, Row]:
+  """The name table of every PVM parameter of `lm_config` ({our path: Row}; shapes are
+  their block's for our branch config).
 
   `ours_prefix`: where the DecoderLM sits in the model ('lm/' in Qwen3VL);
   the paths are then `<prefix>blocks/<i>/ffn_branch/<name>`.
   """
   out = {}
   for layer in pvm_layers(lm_config):
-    for ours, (theirs, _, back) in NAMES.items():
-      out[f"{ours_prefix}blocks/{layer}/ffn_branch/{ours}"] = Target(
-          (PREFIX.format(layer=layer) + theirs,), back)
+    for ours, (theirs, shape, rule) in NAMES.items():
+      out[f"{ours_prefix}blocks/{layer}/ffn_branch/{ours}"] = Row(
+          PREFIX.format(layer=layer) + theirs, shape(lm_config.ffn_branch), rule)
   return out
+
+
+def pvm_targets(lm_config: LMConfig, ours_prefix: str = "") -> dict[str, Target]:
+  """{our path: Target} of every PVM parameter of `lm_config`, read from their tensors
+  (`ours_prefix`: as `pvm_table`'s)."""
+  return table_targets(pvm_table(lm_config, ours_prefix))
 
 
 def pvm_to_hf(lm_config: LMConfig, flat: dict, ours_prefix: str = "") -> dict[str, np.ndarray]:
@@ -169,9 +167,4 @@ def pvm_to_hf(lm_config: LMConfig, flat: dict, ours_prefix: str = "") -> dict[st
   if problems:
     raise HFCheckpointError(f"the PVM branches have no {SOURCE} counterpart: "
                             + "; ".join(problems) + ".")
-  out = {}
-  for layer in pvm_layers(lm_config):
-    for ours, (theirs, forward, _) in NAMES.items():
-      out[PREFIX.format(layer=layer) + theirs] = forward(
-          flat[f"{ours_prefix}blocks/{layer}/ffn_branch/{ours}"])
-  return out
+  return table_to_hf(pvm_table(lm_config, ours_prefix), flat)

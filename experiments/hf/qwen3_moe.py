@@ -8,7 +8,9 @@ An MoE layer is a softmax router over all E experts (float32), the top-k
 probabilities (renormalised to sum 1 when `norm_topk_prob`), and no shared
 expert: `experiments.models.moe.MoEFFN` with n_shared_experts = 0.
 
-Expert tensors come in two layouts, both read (and `to_hf` writes the first):
+Expert tensors come in two layouts, both read (and `to_hf` writes the first);
+`layer_table` is their name table (rows as in experiments/hf/names.py; the
+fused gate_up rows are read only):
   per expert (the Hub's files, and what transformers 5 `save_pretrained` writes):
     mlp.gate.weight [E, D]                          -> mlp/router [D, E]       transpose
     mlp.experts.<e>.{gate,up}_proj.weight [h, D]    -> mlp/w_{gate,up} [E, D, h] stack of transposes
@@ -24,6 +26,16 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.hf.safetensors_io import HFCheckpointError
+from experiments.hf.tables import (
+  TRANSPOSE,
+  Row,
+  Rule,
+  Target,
+  stacked,
+  table_shapes,
+  table_targets,
+  table_to_hf,
+)
 
 MODEL_TYPE = "qwen3_moe"
 ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -100,11 +112,6 @@ def layout_of(names) -> str:
   return "fused" if any(n.endswith(_FUSED[0]) for n in names) else "per_expert"
 
 
-def _stack_t(*ws):
-  """E tensors [out, in] -> [E, in, out]."""
-  return np.stack([np.asarray(w).T for w in ws])
-
-
 def _fused_half(which: int):
   def build(gate_up):          # [E, 2h, D] -> [E, D, h]
     h = gate_up.shape[1] // 2
@@ -113,44 +120,41 @@ def _fused_half(which: int):
   return build
 
 
-def layer_targets(config, layer: int, target_cls, layout: str = "per_expert") -> dict:
-  """{our path: Target} of the MoE FFN of `layer` (0-based)."""
+# [E, D, h] <-> [E, h, D] (the fused down_proj); the fused gate_up halves are read only.
+_SWAP = Rule(lambda w: np.ascontiguousarray(np.swapaxes(w, 1, 2)),
+             lambda a, shape: (np.swapaxes(a, 1, 2),))
+
+
+def layer_table(config, layer: int, layout: str = "per_expert") -> dict[str, Row]:
+  """The name table of the MoE FFN of `layer` (0-based): {our path: Row}."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}.")
   hf, ours = f"model.layers.{layer}.mlp.", f"blocks/{layer}/mlp/"
-  E = config.moe.n_experts
-  t = {ours + "router": target_cls((hf + "gate.weight",), lambda w: np.asarray(w).T)}
+  D, E, h = config.d_model, config.moe.n_experts, config.moe.expert_ffn_dim
+  t = {ours + "router": Row(hf + "gate.weight", (E, D), TRANSPOSE)}
   if layout == "fused":
-    t[ours + "w_gate"] = target_cls((hf + "experts.gate_up_proj",), _fused_half(0))
-    t[ours + "w_up"] = target_cls((hf + "experts.gate_up_proj",), _fused_half(1))
-    t[ours + "w_down"] = target_cls((hf + "experts.down_proj",),
-                                    lambda w: np.ascontiguousarray(np.swapaxes(w, 1, 2)))
+    gate_up = hf + "experts.gate_up_proj"
+    t[ours + "w_gate"] = Row(gate_up, (E, 2 * h, D), Rule(_fused_half(0), None))
+    t[ours + "w_up"] = Row(gate_up, (E, 2 * h, D), Rule(_fused_half(1), None))
+    t[ours + "w_down"] = Row(hf + "experts.down_proj", (E, D, h), _SWAP)
     return t
-  for name in ("gate", "up", "down"):
-    t[ours + f"w_{name}"] = target_cls(
-        tuple(hf + f"experts.{e}.{name}_proj.weight" for e in range(E)), _stack_t)
+  for name, shape in (("gate", (h, D)), ("up", (h, D)), ("down", (D, h))):
+    t[ours + f"w_{name}"] = Row(tuple(hf + f"experts.{e}.{name}_proj.weight" for e in range(E)),
+                                shape, stacked(TRANSPOSE, axis=0))
   return t
+
+
+def layer_targets(config, layer: int, target_cls=Target, layout: str = "per_expert") -> dict:
+  """{our path: Target} of the MoE FFN of `layer` (0-based)."""
+  return {path: target_cls(t.sources, t.build)
+          for path, t in table_targets(layer_table(config, layer, layout)).items()}
 
 
 def layer_shapes(config, layer: int, layout: str = "per_expert") -> dict:
   """{HF tensor name: shape} of the MoE FFN of `layer`."""
-  D, E, h = config.d_model, config.moe.n_experts, config.moe.expert_ffn_dim
-  hf = f"model.layers.{layer}.mlp."
-  s = {hf + "gate.weight": (E, D)}
-  if layout == "fused":
-    return s | {hf + "experts.gate_up_proj": (E, 2 * h, D), hf + "experts.down_proj": (E, D, h)}
-  for e in range(E):
-    s |= {hf + f"experts.{e}.gate_proj.weight": (h, D), hf + f"experts.{e}.up_proj.weight": (h, D),
-          hf + f"experts.{e}.down_proj.weight": (D, h)}
-  return s
+  return table_shapes(layer_table(config, layer, layout))
 
 
 def layer_to_hf(config, layer: int, params: dict) -> dict:
   """Our MoE FFN of `layer` as per-expert HF tensors (the export)."""
-  hf, ours = f"model.layers.{layer}.mlp.", f"blocks/{layer}/mlp/"
-  out = {hf + "gate.weight": np.asarray(params[ours + "router"]).T}
-  for name in ("gate", "up", "down"):
-    w = np.asarray(params[ours + f"w_{name}"])       # [E, in, out]
-    for e in range(w.shape[0]):
-      out[hf + f"experts.{e}.{name}_proj.weight"] = w[e].T
-  return out
+  return table_to_hf(layer_table(config, layer), params)

@@ -1,12 +1,18 @@
-"""Reading Hugging Face safetensors checkpoints, memory-mapped, without torch.
+"""Reading and writing Hugging Face safetensors checkpoints, without torch.
 
-A safetensors file is an 8-byte little-endian header length N, N bytes of
-JSON ({name: {"dtype", "shape", "data_offsets": [begin, end]}, optional
-"__metadata__"}), then the raw little-endian tensor bytes; offsets count from
-the end of the header. `SafetensorsFile` checks the header against the file
-size before any tensor is read, so a truncated or corrupt file is refused in
-one line, and returns each tensor as a read-only `np.memmap` view: nothing is
-copied until a caller slices or transposes it. bf16 comes from `ml_dtypes`.
+The `safetensors` package reads and checks each file (`safe_open`: the header's
+length, JSON, dtypes and shapes, offsets that tile the data to the file's end)
+and writes them (`safetensors.numpy.save_file`, bf16 through `ml_dtypes`). Its
+errors become one-line `HFCheckpointError`s naming the file; a dtype a float
+model cannot hold is refused here, by name, before any tensor is read.
+
+A tensor is returned as a read-only `np.memmap` view, not through the package's
+`get_tensor` (a copy of the whole tensor) or `get_slice` (a slice, but no
+transpose or reshape): a loader transposes and reshapes the view
+(experiments/hf/names.py) and only then cuts out a device's shard (load.py), so
+a shard reads only its own pages of the file. The view's place follows from what
+the package has checked: the tensors, in offset order, tile the data without
+gaps and end at the file's end, so each begins at the sum of the sizes before it.
 
 A checkpoint directory holds `model.safetensors`, or shards listed by
 `model.safetensors.index.json` (`weight_map`: tensor name -> file name).
@@ -17,25 +23,43 @@ first: the same directory must give the same weights in both.
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
-import struct
 import warnings
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 # safetensors dtype name -> numpy dtype, for the dtypes a float model holds.
 DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32),
           "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-_MAX_HEADER = 100 * 2**20   # the format's own limit on the JSON header
 
 
 class HFCheckpointError(ValueError):
   """A Hugging Face checkpoint directory that cannot be read; the message is one line."""
+
+
+def _reason(error: SafetensorError) -> str:
+  text = " ".join(str(error).split())
+  return text.split(": ", 1)[1] if text.startswith("Error while ") else text
+
+
+def _refusal(path: Path, size: int, error: SafetensorError) -> str:
+  """The package's refusal of a file, as one line that says truncated or corrupt."""
+  reason = _reason(error)
+  if size < 8:
+    return f"{path}: truncated safetensors file ({size} bytes, no header)."
+  if any(word in reason for word in ("JSON", "UTF-8", "offset")):
+    return f"{path}: corrupt safetensors header ({reason})."
+  # The header's length past the file's end, or tensors that do not end where it ends.
+  return f"{path}: corrupt or truncated safetensors file ({reason}; the file has {size} bytes)."
 
 
 class SafetensorsFile:
@@ -44,53 +68,37 @@ class SafetensorsFile:
   def __init__(self, path):
     self.path = Path(path)
     size = os.path.getsize(self.path)
-    with open(self.path, "rb") as f:
-      head = f.read(8)
-      if len(head) < 8:
-        raise HFCheckpointError(f"{self.path}: truncated safetensors file ({size} bytes, "
-                                "no header).")
-      (n,) = struct.unpack("<Q", head)
-      if n > min(_MAX_HEADER, size - 8):
-        raise HFCheckpointError(f"{self.path}: corrupt or truncated safetensors file "
-                                f"(header of {n} bytes in a file of {size}).")
-      try:
-        header = json.loads(f.read(n))
-      except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFCheckpointError(f"{self.path}: corrupt safetensors header ({e}).") from None
-    if not isinstance(header, dict):
-      raise HFCheckpointError(f"{self.path}: corrupt safetensors header (not an object).")
-    header.pop("__metadata__", None)
-    self.data_start = 8 + n
-    self.entries = {}
-    for name, entry in header.items():
-      self.entries[name] = self._checked(name, entry, size - self.data_start)
-
-  def _checked(self, name, entry, data_size):
     try:
-      dtype_name, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
-      begin, end = (int(o) for o in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError):
-      raise HFCheckpointError(f"{self.path}: corrupt safetensors header entry for "
-                              f"{name}.") from None
-    if dtype_name not in DTYPES:
-      raise HFCheckpointError(f"{self.path}: tensor {name} has dtype {dtype_name}, which "
-                              f"this loader cannot hold (supported: {sorted(DTYPES)}).")
-    dtype = DTYPES[dtype_name]
-    if end > data_size:
-      raise HFCheckpointError(f"{self.path}: truncated safetensors file (tensor {name} ends "
-                              f"at byte {end} of {data_size} data bytes).")
-    if not 0 <= begin <= end or end - begin != int(np.prod(shape)) * dtype.itemsize:
-      raise HFCheckpointError(f"{self.path}: corrupt safetensors header (tensor {name}: "
-                              f"offsets [{begin}, {end}) do not hold {dtype_name}{list(shape)}).")
-    return dtype, shape, begin
+      with safe_open(self.path, framework="np") as f:
+        layout = [(name, f.get_slice(name)) for name in f.offset_keys()]
+        layout = [(name, s.get_dtype(), tuple(s.get_shape())) for name, s in layout]
+    except SafetensorError as e:
+      raise HFCheckpointError(_refusal(self.path, size, e)) from None
+    self.entries = {}   # name -> (dtype, shape, first byte in the data)
+    begin = 0
+    for name, dtype_name, shape in layout:
+      if dtype_name not in DTYPES:
+        raise HFCheckpointError(f"{self.path}: tensor {name} has dtype {dtype_name}, which "
+                                f"this loader cannot hold (supported: {sorted(DTYPES)}).")
+      self.entries[name] = (DTYPES[dtype_name], shape, begin)
+      begin += math.prod(shape) * DTYPES[dtype_name].itemsize
+    self.data_start = size - begin
 
   def tensor(self, name) -> np.ndarray:
     """The tensor as a read-only memory-mapped array (a view into the file)."""
     dtype, shape, begin = self.entries[name]
-    if not int(np.prod(shape)):
+    if not math.prod(shape):
       return np.zeros(shape, dtype)
     return np.memmap(self.path, dtype=dtype.newbyteorder("<"), mode="r",
                      offset=self.data_start + begin, shape=shape)
+
+
+class _Object(dict):
+  """A JSON object that remembers the keys it held more than once."""
+
+  def __init__(self, pairs):
+    super().__init__(pairs)
+    self.twice = sorted(k for k, n in collections.Counter(k for k, _ in pairs).items() if n > 1)
 
 
 class Checkpoint:
@@ -111,10 +119,13 @@ class Checkpoint:
                       "ignored.", UserWarning, stacklevel=2)
     elif index.is_file():
       try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = json.loads(index.read_text(), object_pairs_hook=_Object)["weight_map"]
         files = {str(name): str(file) for name, file in weight_map.items()}
       except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise HFCheckpointError(f"{index}: not a safetensors index ({e!s}).") from None
+      if weight_map.twice:
+        raise HFCheckpointError(f"{index}: tensor {weight_map.twice[0]} is listed twice in "
+                                "weight_map.")
     else:
       other = sorted(p.name for p in self.dir.glob("*.bin"))
       hint = f" (found {other}: only safetensors are read)" if other else ""
@@ -150,25 +161,18 @@ class Checkpoint:
 
 
 def write_file(path, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
-  """Writes `tensors` as one safetensors file (names sorted, offsets 8-byte aligned)."""
+  """Writes `tensors` as one safetensors file (`safetensors.numpy.save_file`: offsets
+  8-byte aligned, tensors ordered by alignment then name); an OSError when it cannot."""
   names = {dtype: name for name, dtype in DTYPES.items()}
-  header, offset = {}, 0
   for name in sorted(tensors):
-    a = tensors[name]
-    if a.dtype not in names:
-      raise HFCheckpointError(f"tensor {name}: dtype {a.dtype} cannot be written "
+    if tensors[name].dtype not in names:
+      raise HFCheckpointError(f"tensor {name}: dtype {tensors[name].dtype} cannot be written "
                               f"(supported: {sorted(DTYPES)}).")
-    size = a.size * a.dtype.itemsize
-    header[name] = {"dtype": names[a.dtype], "shape": list(a.shape),
-                    "data_offsets": [offset, offset + size]}
-    offset += size
-  if metadata:
-    header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-  blob = json.dumps(header, separators=(",", ":")).encode()
-  blob += b" " * (-len(blob) % 8)
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(blob)))
-    f.write(blob)
-    for name in sorted(tensors):
-      f.write(np.ascontiguousarray(tensors[name]).astype(
-          tensors[name].dtype.newbyteorder("<"), copy=False).tobytes())
+  # save_file writes each array's buffer as it lies in memory: a transposed view must be
+  # made contiguous first, or its bytes are written in the wrong order.
+  contiguous = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
+  try:
+    save_file(contiguous, path,
+              metadata={str(k): str(v) for k, v in metadata.items()} if metadata else None)
+  except SafetensorError as e:   # an I/O error (no such directory, disk full) in its words
+    raise OSError(f"{path}: cannot write the safetensors file ({_reason(e)}).") from None

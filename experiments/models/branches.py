@@ -14,7 +14,7 @@ implements, over the block's input x and a `BranchContext`:
 so the block runs all three modes without knowing which branch it holds, and
 cached decoding works for each. A memory-slot branch may also implement the
 evaluation metrics protocol (`metric_sums`, `summarise_metrics`:
-experiments/tasks/metrics.py); Lngram v2 does, below. A branch class subclasses the layer it wraps
+experiments/jobs/metrics.py); Lngram v2 does, below. A branch class subclasses the layer it wraps
 (`LngramMemory(LngramV2)`, `PVMBranch(PVM)`): parameter paths stay those of
 the layer (`blocks/<i>/memory/tables/<j>`, `blocks/<i>/ffn_branch/gate`).
 
@@ -113,7 +113,7 @@ class LngramMemory(LngramV2):
                                          sharding=layout.LNGRAM_SHARDING, **kwargs)
     return y_BxTxD, {"codes": aux["codes"], "route_mass": aux["route_mass"]}
 
-  # --- evaluation metrics (the protocol of experiments/tasks/metrics.py) ---------------
+  # --- evaluation metrics (the protocol of experiments/jobs/metrics.py) ---------------
 
   def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
     """Per-batch sums (in jit): route mass and tokens, each route's code histogram,

@@ -110,8 +110,9 @@ def generate(model, prompt_tokens_BxT, *, prompt_lengths=None, max_new_tokens: i
   return (tokens_BxN, logp_BxN) if return_logp else tokens_BxN
 
 
-def _draw(logits_BxV, rng, i, temperature, top_k, greedy, return_logp):
-  """Token of step i and (when asked) its log-probability under the raw logits."""
+def draw(logits_BxV, rng, i, temperature, top_k, greedy, return_logp):
+  """Token of step i (drawn with fold_in(rng, i)) and, when asked, its log-probability
+  under the raw logits: the one draw of every sampler (experiments/vlm/qwen3vl too)."""
   token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), temperature=temperature,
                           top_k=top_k, greedy=greedy)
   if not return_logp:
@@ -138,7 +139,7 @@ def _generate_cached(graphdef, state, prompt_BxT, lengths_B, images, rng, temper
 
   def step(carry, i):
     logits_BxV, cache = carry
-    token_B, logp_B = _draw(logits_BxV, rng, i, temperature, top_k, greedy, return_logp)
+    token_B, logp_B = draw(logits_BxV, rng, i, temperature, top_k, greedy, return_logp)
     logits_BxV, cache = model.decode_step(token_B[:, None], cache)
     return (logits_BxV, cache), (token_B, logp_B)
 
@@ -166,8 +167,8 @@ def _generate_uncached(graphdef, state, prompt_BxT, lengths_B, images, rng, temp
       logits_BxSxV = model(buffer_BxS, valid=valid_BxS)
     else:
       logits_BxSxV = model(images, buffer_BxS, valid=valid_BxS)
-    token_B, logp_B = _draw(logits_BxSxV[rows_B, n_prefix + length_B - 1], rng, i,
-                            temperature, top_k, greedy, return_logp)
+    token_B, logp_B = draw(logits_BxSxV[rows_B, n_prefix + length_B - 1], rng, i,
+                           temperature, top_k, greedy, return_logp)
     return buffer_BxS.at[rows_B, length_B].set(token_B), (token_B, logp_B)
 
   _, (tokens_NxB, logp_NxB) = jax.lax.scan(step, buffer_BxS, jnp.arange(max_new_tokens))

@@ -19,7 +19,7 @@ experiments/models/branches.py, so one `Block.__call__` serves the three modes:
 Packed rows carry `segment_ids`: attention, the Lngram windows and its conv
 never cross a segment boundary, and positions restart at every segment.
 `valid` marks real tokens (padding reads nothing and the Lngram delta is 0
-there). Logits are float32. Qwen3-VL (experiments/qwen3vl/) passes multimodal
+there). Logits are float32. Qwen3-VL (experiments/vlm/qwen3vl/) passes multimodal
 positions [3, B, T] (`LMConfig.mrope_section`) and per-layer `layer_adds` (its
 DeepStack features) to `forward_embedded` / `prefill_embedded`.
 
@@ -36,7 +36,7 @@ slice as a scanned input, attends to the new token's key beside it
 the stacks after the scan; XLA still materialises each layer's K/V slice and
 weights out of the stacks (dynamic slices), which the unrolled model reads in
 place. At 28 layers, B 1, a 2,048-token cache on CPU (d 128, float32) a token
-takes 1.3-1.9x the unrolled model's time (`experiments.bench.scan_decode`).
+takes 1.3-1.9x the unrolled model's time (`experiments.tools.bench.scan_decode`).
 Carrying the stacks through the scan instead copied both whole stacks at every
 layer: 2.3-2.6x on CPU, 1.8x at the 28 x d 2048 shape on an H200. Prefill is
 not affected. Time decode, and generate, with `scan=False`.

@@ -2,7 +2,7 @@
 
 Lngram v2 (experiments/models/branches.py) and Lngram v1 (arms/lngram_v1.py)
 report how their routers use the codes and the tables through the metrics
-protocol (experiments/tasks/metrics.py); these are the pieces they compute
+protocol (experiments/jobs/metrics.py); these are the pieces they compute
 with. `code_histogram` and `rows_touched` run inside jit (histograms as
 sums); `effective_codes` runs on the summed host arrays.
 """

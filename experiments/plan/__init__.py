@@ -2,11 +2,12 @@
 
     plan_run(config, {"fsdp": 8}, accelerator="h100", mfu=0.4)   every number
     format_plan(result)                                          the printed text
-    plan_command(config, "fsdp=8")                               the command body
 
 abstract.py builds the train step from shapes and compiles it; accounting.py
 holds the analytic parameter and FLOP counts; collectives.py reads the bytes the
 collectives move out of the compiled HLO; accelerators.py the table of chips the
-step time is projected on; report.py puts them together; command.py provides the
-host devices; qwen3vl.py builds the Qwen3-VL + PVM stages' step and counts. DESIGN.md §10.1.
+step time is projected on; report.py puts them together; qwen3vl.py builds the
+Qwen3-VL + PVM stages' step and counts. DESIGN.md §10.1. The command
+(`experiments/cli/commands/plan.py`) checks the flags, provides the host devices
+and prints.
 """

@@ -10,7 +10,7 @@ on the mesh (`lm_loss(mesh=...)`, so Lngram runs its sharded form) and the
 state's out_shardings, as `TrainState.step_fn` makes it; the shardings are the
 trainer's placement (`experiments.trainer.placement`, the LM's rules from
 `experiments.models.layout`). Only the compile needs devices: the mesh's devices
-are this process's CPU devices (experiments/plan/command.py provides enough) or
+are this process's CPU devices (experiments/cli/commands/plan.py provides enough) or
 those of a TPU topology (experiments/plan/tpu.py). Compiling for XLA:CPU with LLVM
 optimisation off (`FAST_COMPILE`) keeps the HLO, its cost and memory analysis and
 every collective the same; only machine code differs (experiments/plan/report.py
@@ -32,9 +32,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from experiments.hf.backbone import with_hf_backbone
+from experiments.jobs.lm.task import lm_loss
+from experiments.jobs.registry import job_name
 from experiments.models import DecoderLM, layout
 from experiments.models.config import LMConfig, lm_config
-from experiments.tasks.lm import lm_loss
 from experiments.trainer import optimizer as optim_lib
 from experiments.trainer import placement as mesh_lib
 from experiments.trainer import step as step_lib
@@ -63,12 +64,9 @@ class AbstractRun:
 def model_config(config) -> LMConfig:
   """The LM a config trains: `init_from=hf:DIR` reads DIR's config.json (no tensor);
   token data with model.vocab_size 0 takes the prepare-data directory's vocabulary."""
-  if "vlm" in config:
-    raise ValueError("plan: the tiny VLM's configs are not planned (LM and Qwen3-VL configs "
-                     "only).")
-  if "qwen3vl" in config:
-    raise ValueError("plan: a Qwen3-VL config's model is a Qwen3VLConfig "
-                     "(experiments/plan/qwen3vl.py).")
+  if job_name(config) != "lm":
+    raise ValueError(f"plan: a {job_name(config)} config's model is not an LM "
+                     "(experiments/plan/jobs.py plans each job).")
   config = with_hf_backbone(config)
   model = lm_config(config)
   if (config.data.get("kind", "bytes") == "tokens"

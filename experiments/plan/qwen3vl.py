@@ -10,7 +10,7 @@ the released checkpoints' config.json fields below (Qwen/Qwen3-VL-8B-Instruct an
 Qwen/Qwen3-VL-4B-Instruct; the widths the PVM paper, arXiv 2605.00814, trains
 on), or the smoke model; PVM at `qwen3vl.pvm.layers` as the stage adds it (Stage
 II's model is Stage I's, of the same arg: `qwen3vl.init_from` is not read). The
-step is the one `experiments.tasks.qwen3vl.qwen3vl_task` hands the trainer:
+step is the one `experiments.jobs.qwen3vl.task.qwen3vl_task` hands the trainer:
 Stage I `sft_loss` over [B, T] conversation rows with the trainable mask
 `qwen3vl.stage.trainable`; Stage II the GRPO objective (`qwen3vl_grpo_hooks`)
 over prompts_per_step · group_size rows of [prompt | completion], the prompt
@@ -65,9 +65,10 @@ CONFIG_JSON = {
 
 def qwen3vl_model(config):
   """The Qwen3VLConfig (PVM included) a qwen3vl stage config trains, from shapes alone."""
-  from experiments.hf.qwen3vl import qwen3vl_config
-  from experiments.qwen3vl.pvm import model_config, with_pvm, with_remat
-  q = config.qwen3vl
+  from experiments.hf.qwen3vl.load import qwen3vl_config
+  from experiments.jobs.qwen3vl.task import model_config, with_local_checkpoint
+  from experiments.vlm.qwen3vl.pvm import with_pvm, with_remat
+  q = with_local_checkpoint(config).qwen3vl
   if q.hf_dir:
     return model_config(q)            # its config.json only
   if q.size == "smoke":
@@ -84,8 +85,8 @@ def _smoke_processor():
   import tempfile
   from pathlib import Path
 
-  from experiments.qwen3vl.processor import Qwen3VLProcessor
-  from experiments.qwen3vl.tiny_processor import write_tiny_processor_dir
+  from experiments.hf.qwen3vl.processor import Qwen3VLProcessor
+  from experiments.hf.qwen3vl.tiny_processor import write_tiny_processor_dir
   with tempfile.TemporaryDirectory() as tmp:
     return Qwen3VLProcessor.from_dir(write_tiny_processor_dir(Path(tmp) / "p"))
 
@@ -110,7 +111,7 @@ def geometry(config, mc) -> dict:
           "patches_per_row": patches, "visual_per_row": visual,
           "grid": (1, h // v.patch_size, w // v.patch_size),
           # Every row holds one image, so its visual memory holds that image's tokens
-          # (experiments.qwen3vl.sft.visual_per_row): what its attention computes.
+          # (experiments.jobs.qwen3vl.sft.visual_per_row): what its attention computes.
           "visual_slots": visual}
 
 
@@ -244,10 +245,10 @@ def _loss(config, geo: dict, mesh):
   import numpy as np
   grid = np.tile(np.asarray([geo["grid"]], np.int64), (geo["rows"], 1))
   if geo["stage"] == "grpo":
-    from experiments.qwen3vl.grpo import qwen3vl_grpo_hooks
+    from experiments.jobs.qwen3vl.grpo import qwen3vl_grpo_hooks
     return qwen3vl_grpo_hooks(None, config.qwen3vl.grpo, grid_thw=grid, seed=0, eos=0,
                               images_per_row=1, mesh=mesh)[1]
-  from experiments.qwen3vl.sft import sft_loss
+  from experiments.jobs.qwen3vl.sft import sft_loss
   return sft_loss(grid, images_per_row=1, mesh=mesh)
 
 
@@ -270,9 +271,9 @@ def check_qwen3vl_mesh(config, sizes: dict) -> None:
 
 def qwen3vl_abstract_run(config, mesh):
   """The stage's AbstractRun (experiments/plan/abstract.py) and its geometry."""
+  from experiments.jobs.vlm.loss import trainable_mask
   from experiments.plan.abstract import AbstractRun
-  from experiments.qwen3vl.model import Qwen3VL
-  from experiments.tasks.vlm_loss import trainable_mask
+  from experiments.vlm.qwen3vl.model import Qwen3VL
   mc = qwen3vl_model(config)
   geo = geometry(config, mc)
   module = nnx.eval_shape(lambda: Qwen3VL(mc, rngs=nnx.Rngs(params=0)))

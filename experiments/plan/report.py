@@ -7,7 +7,7 @@ Sources, one tag per number in the text:
   [shapes]   the abstract model and optimiser state under the trainer's shardings
              (exact: what each device will hold)
   [formula]  experiments/plan/accounting.py (parameters exact; FLOPs first-principles)
-  [estimate] `experiments.tasks.checks.memory_plan`'s activation estimate
+  [estimate] `experiments.jobs.checks.memory_plan`'s activation estimate
   [XLA]      the compiled step's `memory_analysis()` / `cost_analysis()` (per device)
   [HLO]      collectives summed from the compiled HLO (experiments/plan/collectives.py)
   [jaxpr]    matmul FLOPs of the traced step (experiments/plan/jaxpr_flops.py): global,
@@ -25,21 +25,16 @@ import math
 import time
 
 from experiments.plan import accelerators, tpu
-from experiments.plan.abstract import FAST_COMPILE, abstract_run, bytes_per_device
-from experiments.plan.accounting import param_count, train_flops
+from experiments.plan.abstract import FAST_COMPILE, bytes_per_device
 from experiments.plan.collectives import OPS, collective_bytes
 from experiments.plan.jaxpr_flops import jaxpr_flops
-from experiments.tasks import checks
+from experiments.plan.jobs import planner
 from experiments.trainer import placement as mesh_lib
 
 
 def refuse_mesh(config, block: dict) -> dict[str, int]:
   """The mesh's sizes, or a one-line ValueError naming what does not divide (before any
   device is set up: the checks run on a `jax.sharding.AbstractMesh`)."""
-  from jax.sharding import AbstractMesh
-
-  from experiments.models.layout import check_expert_axis
-  from experiments.plan.abstract import model_config
   bad = {a: s for a, s in block.items() if isinstance(s, bool) or not isinstance(s, int)
          or s < 1}
   if bad:
@@ -47,17 +42,7 @@ def refuse_mesh(config, block: dict) -> dict[str, int]:
                      "devices left', which depends on the machine).")
   sizes = {a: 1 for a in mesh_lib.AXES} | dict(block)
   mesh_lib.mesh_sizes(sizes, math.prod(sizes.values()))   # unknown axes refused here
-  if "qwen3vl" in config:
-    from experiments.plan.qwen3vl import check_qwen3vl_mesh
-    check_qwen3vl_mesh(config, sizes)
-    return sizes
-  checks.check_blocks(config)
-  mesh = AbstractMesh(tuple(sizes[a] for a in mesh_lib.AXES), tuple(mesh_lib.AXES))
-  model = model_config(config)
-  if getattr(model, "moe_layers", ()):   # each `expert` device holds whole experts
-    check_expert_axis(model.moe.n_experts, mesh)
-  checks.check_fits(mesh, batch_size=int(config.data.batch_size),
-                    seq_len=int(config.data.seq_len), memory=model.memory)
+  planner(config).check_mesh(config, sizes)
   return sizes
 
 
@@ -92,25 +77,16 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
                        "CPU devices (run it through `lngram-exp plan`, which provides them).")
   mesh = mesh_lib.make_train_mesh(sizes, devices=devices[:n])
   t0 = time.perf_counter()
-  vl = None
-  run, mc, geo = _abstract_run(config, mesh)
+  job = planner(config)
+  run, mc, geo = job.abstract_run(config, mesh)
   step = compile_for_target(run, on_tpu=bool(target))
   seconds = time.perf_counter() - t0
   memory, cost, compiled, jaxpr = step["memory"], step["cost"], step["compiled"], step["jaxpr"]
   moved = collective_bytes(compiled.as_text()) if compiled is not None else _no_collectives()
   token_shards = math.prod(sizes[a] for a in ("data", "fsdp", "expert", "seq"))
-  B, T = int(config.data.batch_size), int(config.data.seq_len)
-  if "qwen3vl" in config:
-    from experiments.plan import qwen3vl
-    counts = qwen3vl.qwen3vl_param_count(mc)
-    parts = qwen3vl.qwen3vl_train_flops(mc, geo)
-    B, T = geo["rows"], geo["seq_len"]
-    estimate = qwen3vl.memory_estimate(mc, geo, token_shards, run)
-    vl = {**geo, "flops_parts": parts, "layers": mc.text.n_layers,
-          "pvm_layers": tuple(mc.text.ffn_branch_layers), "vision_depth": mc.vision.depth}
-  else:
-    estimate = checks.memory_plan(config, n, token_shards=token_shards)
-    counts = param_count(run.model)
+  counted = job.counts(config, run, mc, geo, n, token_shards)
+  B, T, vl, estimate = counted["batch"], counted["seq_len"], counted["vl"], counted["estimate"]
+  counts = counted["counts"]
   flops = float(cost.get("flops", 0.0))
   # XLA's cost analysis counts a while body once: with grad_accum = k the first micro-batch
   # runs outside the scan and k - 1 inside it, so the count holds two; scale to k (the
@@ -118,7 +94,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   accum = int(config.train.get("grad_accum", 1))
   if accum > 1:
     flops *= accum / 2
-  formula = vl["flops_parts"]["total"] if vl else train_flops(run.model, batch=B, seq_len=T)
+  formula = counted["formula"]
   sent = sum(moved[op] for op in OPS)
   # XLA:CPU lowers jax.lax.ragged_dot (the MoE's grouped dispatch) as a dense product of
   # every slot with every local expert, masked: its FLOPs and temporaries overstate what a
@@ -188,15 +164,6 @@ def _no_collectives() -> dict:
 
 def _mesh_text(sizes: dict) -> str:
   return ",".join(f"{a}={s}" for a, s in sizes.items() if s > 1) or "one device"
-
-
-def _abstract_run(config, mesh):
-  """(AbstractRun, the Qwen3VLConfig, the step's geometry) of a config on `mesh`; the last
-  two None for an LM config."""
-  if "qwen3vl" in config:
-    from experiments.plan import qwen3vl
-    return qwen3vl.qwen3vl_abstract_run(config, mesh)
-  return abstract_run(config, mesh), None, None
 
 
 def compile_for_target(run, *, on_tpu: bool) -> dict:
@@ -269,7 +236,7 @@ def proxy_compile(config, sizes: dict, chip) -> dict | None:
   devices = tpu.topology_devices(topology)
   mesh = mesh_lib.make_train_mesh(sizes, devices=devices)
   t0 = time.perf_counter()
-  step = compile_for_target(_abstract_run(config, mesh)[0], on_tpu=True)
+  step = compile_for_target(planner(config).abstract_run(config, mesh)[0], on_tpu=True)
   return {"topology": topology, "memory": step["memory"], "oom": step["oom"],
           "usable": tpu.usable_hbm(devices), "compile_s": time.perf_counter() - t0,
           "same_chip": generation != GPU_PROXY_GENERATION or chip.name.startswith("TPU")}
@@ -279,7 +246,7 @@ def verdict(r: dict) -> dict:
   """FITS or DOES NOT FIT, and from what: {"fits", "peak", "capacity", "source",
   "lower_bound"}. Never XLA:CPU's memory: a TPU target's own compile; else a TPU proxy's
   compile of the same step; else the analytic estimate (parameters + optimizer state +
-  activations, experiments/tasks/checks.memory_plan)."""
+  activations, experiments/jobs/checks.memory_plan)."""
   chip = r["accelerator"]
   per_device = chip.hbm_bytes / (tpu.devices_per_chip(r["target"].split(":")[0])
                                  if r["target"] else 1)
@@ -302,7 +269,8 @@ def verdict(r: dict) -> dict:
 
 
 def _b(n: float) -> str:
-  return checks.format_bytes(n)
+  from experiments.jobs.checks import format_bytes
+  return format_bytes(n)
 
 
 def _si(n: float) -> str:

@@ -1,5 +1,2 @@
-import sys
-
-from experiments.reproduce.cli import main
-
-sys.exit(main())
+raise SystemExit("experiments.reproduce moved: run `python -m experiments.tools.reproduce` "
+                 "with the same arguments")

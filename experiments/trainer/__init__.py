@@ -1,6 +1,6 @@
 """The task-agnostic trainer: state, loop, run checkpointing, the workdir lock.
 
-It knows no LM, VLM or Lngram and imports nothing from `experiments.tasks`,
+It knows no LM, VLM or Lngram and imports nothing from `experiments.jobs`,
 `experiments.models`, `experiments.vlm` or `experiments.analysis` (DESIGN.md §6).
 The caller builds a `Task` (experiments/tasks) and hands it to `train`:
 

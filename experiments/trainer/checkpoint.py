@@ -3,7 +3,8 @@
 A run keeps its steps under `<workdir>/checkpoints/<step>/`, each holding:
   params     a pytree of arrays (an nnx state as a pure dict)
   opt_state  the optax state (optional)
-  meta       step, the PRNG key (optional) and a digest per array leaf (digests.py)
+  meta       step and a digest per array leaf (digests.py); checkpoints written before
+             the loop stopped keeping an unused PRNG key also hold "rng", never read
   data       the data iterator's state (JSON, {} if none)
   config     whatever rebuilds the model (JSON, {} if none)
 
@@ -182,7 +183,7 @@ class Checkpointer:
     steps = self.all_steps()
     return steps[-1] if steps else None
 
-  def save(self, step: int, *, params, opt_state=None, rng=None, data_state: dict | None = None,
+  def save(self, step: int, *, params, opt_state=None, data_state: dict | None = None,
            config: dict | None = None) -> bool:
     """Starts saving `step` (asynchronously if so built); False if that step exists."""
     arrays = {"params": params} if opt_state is None else {"params": params,
@@ -191,8 +192,6 @@ class Checkpointer:
       arrays = jax.tree.map(_snapshot, arrays)
     meta = {"step": int(step), "digest_kind": DIGEST_KIND,
             "digests": {name: tree_digests(tree) for name, tree in arrays.items()}}
-    if rng is not None:
-      meta["rng"] = np.asarray(jax.random.key_data(rng)).tolist()
     items = {name: ocp.args.StandardSave(tree) for name, tree in arrays.items()}
     # orbax waits for the previous asynchronous save anyway; waiting here first
     # attributes its failure to its own step.

@@ -10,6 +10,8 @@
     phase start:  a fresh optimiser state and the phase's own schedule (and
                   the task's `phase_reset` leaves back at their initial values)
     eval_every:   the task's evaluation
+    log_every:    the metrics (process 0): metrics.jsonl, TensorBoard, and a W&B run
+                  when train.wandb_project is set (resumed runs continue it)
     ckpt_every:   orbax checkpoint of params, optimizer, step, RNG, data
                   source state and config, written only after that step's
                   metrics were checked, so every checkpoint on disk is a good one
@@ -22,7 +24,7 @@ whole run and removes a directory it created if the run is refused before its
 first step. Rerunning with the same workdir resumes from the newest valid
 checkpoint and continues bit for bit as if the run had not stopped. Around that:
   - the task's `check_resume` sees the saved config before any array is read
-    (another model, a changed schedule: experiments/tasks/checks.py);
+    (another model, a changed schedule: experiments/jobs/checks.py);
   - corrupt steps newer than the one resumed from are renamed `<step>.corrupt`
     (kept, never deleted) so training saves them again; one warning each;
   - a failed save (disk full, read-only) raises CheckpointSaveError naming the
@@ -108,7 +110,8 @@ def train(task: Task, train_config, workdir, mesh, *, callback=None,
     task: the run's task (experiments/trainer/protocol.py).
     train_config: the `train` config block (seed, steps between logs, evaluations
       and checkpoints, max_to_keep, async_checkpoint, progress, grad_accum,
-      profile_steps).
+      profile_steps; wandb_project, wandb_entity, wandb_run_name, wandb_tags: process
+      0 mirrors the metrics to a Weights & Biases run, `writers.WandbRun`).
     workdir: run directory (checkpoints, metrics, plots, the task's files).
     mesh: the device mesh (`placement.make_train_mesh`).
     callback: optional `callback(step, batch)`, called with each step's number
@@ -136,6 +139,7 @@ def train(task: Task, train_config, workdir, mesh, *, callback=None,
 def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
   workdir, lock = run.workdir, run.lock
   profile = Profile(tc.get("profile_steps", ()), workdir)   # checked before anything is built
+  writers.check_wandb(tc)   # train.wandb_project without the wandb package: refused here
   if task.check_mesh is not None:
     task.check_mesh(mesh)
   elif mesh.shape["seq"] > 1:
@@ -149,7 +153,8 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
   ts = init_train_state(task.module, task.optim, task.phases, mesh,
                         trainable=task.trainable, rules=task.placement)
   placed, txs = ts.placement, ts.txs
-  rng = jax.random.key(tc.seed)
+  # No PRNG key here: the step draws nothing; what a task draws (data order, GRPO
+  # samples) comes from its own seeded state, saved with the batches' state.
   # Leaves that restart from their initial values at every phase (host copies:
   # the initial device arrays are donated by the first step).
   phase_init = {}
@@ -161,12 +166,16 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
                           log_file=workdir / "checkpoints.log")
 
   start = 0
-  if ckpt.latest_step() is not None:
-    try:
-      ts.state, rng, start = _resume(ckpt, ts.state, task)
-    except BaseException:
-      ckpt.close()
-      raise
+  primary = jax.process_index() == 0
+  tracker = None   # process 0's W&B run (train.wandb_project), made before the first step
+  try:
+    if ckpt.latest_step() is not None:
+      ts.state, start = _resume(ckpt, ts.state, task)
+    if primary and tc.get("wandb_project"):
+      tracker = writers.WandbRun(workdir, tc, config=_run_config(task, tc))
+  except BaseException:
+    ckpt.close()
+    raise
   run.started = True
   log.info("run %s: %s; %s; %d steps in phases %s; groups %s%s", workdir,
            f"resuming at step {start}" if start else "new", task.description, total,
@@ -186,14 +195,13 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
           grad_accum=int(tc.get("grad_accum", 1)))
     return steps_by_phase[phase]
 
-  primary = jax.process_index() == 0
-  writer = (writers.MetricsWriter(workdir, resume_step=start) if primary
+  writer = (writers.MetricsWriter(workdir, resume_step=start, wandb=tracker) if primary
             else writers.NullWriter())
   progress = writers.Progress(total, start=start, tokens_per_step=task.tokens_per_step,
                               every=tc.log_every, enabled=tc.progress and primary)
 
   def save(step):
-    ckpt.save(step, params=ts.state["params"], opt_state=ts.state["opt_state"], rng=rng,
+    ckpt.save(step, params=ts.state["params"], opt_state=ts.state["opt_state"],
               data_state=task.batches.get_state(), config=task.saved_config)
     lock.touch()
 
@@ -257,7 +265,7 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
   finally:
     profile.stop()
     progress.close()
-    writer.close()
+    writer.close(failed=not finished)
     try:
       ckpt.close()  # waits for the last asynchronous save
     except CheckpointError:
@@ -275,6 +283,15 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
                                       "resumed_from": start, "workdir": workdir})
   return {"step": int(step), "eval": last_eval, "interrupted": interrupted,
           "workdir": str(workdir), "final": final}
+
+
+def _run_config(task: Task, tc) -> dict:
+  """What the W&B run records as its config: the experiment config the checkpoints
+  store (and the task's kind), else the train block."""
+  saved = task.saved_config or {}
+  if "experiment" in saved:
+    return {"kind": saved.get("kind", ""), **saved["experiment"]}
+  return {"train": tc.to_dict() if hasattr(tc, "to_dict") else dict(tc)}
 
 
 def _reset_leaves(params, initial: dict):
@@ -309,9 +326,8 @@ def _resume(ckpt: Checkpointer, state, task: Task):
                                  jax.tree.leaves(restored["opt_state"]))
   state = {"params": restored["params"], "opt_state": opt_state,
            "step": jax.device_put(jnp.asarray(step, jnp.int32), state["step"].sharding)}
-  rng = jax.random.wrap_key_data(jnp.asarray(restored["meta"]["rng"], jnp.uint32))
   log.info("resumed from checkpoint step %d in %s", step, ckpt.directory)
-  return state, rng, step
+  return state, step
 
 
 

@@ -30,7 +30,7 @@ with a frozen backbone, Stage II GRPO) and hands it to `train`:
                   device mesh the run cannot be split over
     check_resume  optional `(run directory, saved config) -> None`: refuses a
                   checkpoint whose config this run may not continue, before any
-                  array is read (experiments/tasks/checks.py)
+                  array is read (experiments/jobs/checks.py)
     placement     optional `rule(path, shape, mesh) -> PartitionSpec | None`
                   for the parameters (experiments/trainer/placement.py)
     seq_batches   the batches are [B, T, ...] token arrays whose time axis the

@@ -3,7 +3,7 @@
 Files: `reference.py` (the XLA twin: the one definition of the contract),
 `triton_gpu.py` (GPU), `triton_amortised.py` (GPU, a token block per dot:
 `BlockSizes(layout="token_block")`), `mosaic_tpu.py` (TPU), `common.py` (block sizes,
-checks, mode types), `api.py` (dispatch and custom_vjp); `fused_triton.py`:
+checks, mode types), `api.py` (`sink_readout_kernel`: dispatch and custom_vjp); `fused_triton.py`:
 the variant that also gathers and normalises rows of tables by row id inside
 the kernel (GPU only; twin `reference.fused_reference`).
 
@@ -22,7 +22,7 @@ from kernels.sink_readout.reference import (
 
 _LAZY = {
     "default_implementation": ("kernels.sink_readout.api", "default_implementation"),
-    "sink_readout": ("kernels.sink_readout.api", "sink_readout"),
+    "sink_readout_kernel": ("kernels.sink_readout.api", "sink_readout_kernel"),
     "fused_triton": ("kernels.sink_readout.fused_triton", None),
     "mosaic_tpu": ("kernels.sink_readout.mosaic_tpu", None),
     "triton_amortised": ("kernels.sink_readout.triton_amortised", None),
@@ -48,7 +48,7 @@ __all__ = [
     "fused_triton",
     "gather_rows",
     "mosaic_tpu",
-    "sink_readout",
+    "sink_readout_kernel",
     "sink_readout_reference",
     "triton_amortised",
     "triton_gpu",

@@ -1,6 +1,6 @@
 """Dispatch for the sink readout: XLA reference, Triton (GPU) or Mosaic (TPU).
 
-    out, lse = sink_readout(q_BTxHqxDr, mem_BTxRxDr, sink_logit=b0, scale=1/√dh)
+    out, lse = sink_readout_kernel(q_BTxHqxDr, mem_BTxRxDr, sink_logit=b0, scale=1/√dh)
 
 `implementation=None` picks by the platform the program is lowered for, not
 by the process that traces it (`jax.lax.platform_dependent`): "mosaic_tpu" in
@@ -54,10 +54,10 @@ def default_implementation(backend: str | None = None) -> Implementation:
   return "mosaic_tpu" if backend == "tpu" else "triton"
 
 
-def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
-                 implementation: Implementation | None = None,
-                 block_sizes: BlockSizes | None = None, interpret: bool | None = None,
-                 backward: Backward = "pallas"):
+def sink_readout_kernel(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
+                        implementation: Implementation | None = None,
+                        block_sizes: BlockSizes | None = None,
+                        interpret: bool | None = None, backward: Backward = "pallas"):
   """Multi-query sink-softmax attention with keys = values = mem.
 
   Args:
@@ -84,17 +84,18 @@ def sink_readout(q_BTxHqxDr, mem_BTxRxDr, *, sink_logit, scale: float = 1.0,
     {sink, routes}: the route mass is 1 - exp(b0 - lse).
   """
   if implementation is not None and implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"sink_readout: implementation={implementation!r} is not one of "
+    raise ValueError(f"sink_readout_kernel: implementation={implementation!r} is not one of "
                      f"{IMPLEMENTATIONS}.")
   check_inputs(q_BTxHqxDr, mem_BTxRxDr, allow_float64=implementation == "xla")
   if backward not in BACKWARDS:
-    raise ValueError(f"sink_readout: backward={backward!r} is not one of {BACKWARDS}.")
+    raise ValueError(f"sink_readout_kernel: backward={backward!r} is not one of {BACKWARDS}.")
   # b0 in the statistics dtype: float32 for the kernels, float64 on the xla path
   # for float64 inputs (a float32 b0 would round the whole readout to ~1e-7).
   sink_logit = jnp.asarray(sink_logit, stat_dtype(q_BTxHqxDr.dtype))
   scale = float(scale)
   if sink_logit.shape:
-    raise ValueError(f"sink_readout: sink_logit must be a scalar; got shape {sink_logit.shape}.")
+    raise ValueError(f"sink_readout_kernel: sink_logit must be a scalar; got shape "
+                     f"{sink_logit.shape}.")
   if implementation == "xla":
     return sink_readout_reference(q_BTxHqxDr, mem_BTxRxDr, sink_logit=sink_logit, scale=scale)
   # Inside shard_map the kernel's b0 cotangent varies like q and mem: so must b0.
@@ -135,7 +136,7 @@ def _blocks(impl: Implementation, block_sizes: BlockSizes | None, routes: int,
     check_triton_blocks(blocks.block_n, blocks.block_r, blocks.layout)
     check_triton_blocks(blocks.bwd_n, blocks.bwd_r, blocks.layout)
   elif blocks.layout != "per_token":
-    raise ValueError(f"sink_readout: layout={blocks.layout!r} is Triton only; "
+    raise ValueError(f"sink_readout_kernel: layout={blocks.layout!r} is Triton only; "
                      f"implementation={impl!r} takes layout='per_token'.")
   else:
     check_mosaic_blocks(blocks.block_n, blocks.block_r, routes)

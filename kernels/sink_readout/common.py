@@ -80,7 +80,7 @@ class BlockSizes:
     token-block forward's shared memory grows with it (see below).
     """
     if layout == "token_block":
-      # Untuned (timed by `experiments.bench.kernels`). The stacked tiles hold
+      # Untuned (timed by `experiments.tools.bench.kernels`). The stacked tiles hold
       # block_n times the rows of the per-token ones: two tokens, and the
       # backward's [block_n·block_r, Dr] mem and dmem tiles kept at 32 rows.
       # The forward's shared memory is num_stages·(block_n·block_r)·Dr + block_n·Hq·Dr
@@ -97,7 +97,7 @@ class BlockSizes:
       # Untuned (no TPU measurements yet); sized so that the backward's double-
       # buffered mem and dmem blocks stay within a few MiB of VMEM at Dr = 512.
       return cls(block_n=8, block_r=256, block_n_bwd=4, block_r_bwd=256)
-    # Triton (untuned: `python -m experiments.bench.kernels --sweep` compares a few): the
+    # Triton (untuned: `python -m experiments.tools.bench.kernels --sweep` compares a few): the
     # backward holds q, dout, dq [Hq, Dr] and mem, dmem [block_r, Dr] in
     # registers, so it takes half the routes of the forward.
     if route_dim > 256:

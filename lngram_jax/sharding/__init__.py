@@ -7,8 +7,10 @@
   layer.py       ShardedLngramV2, create_sharded (parameters born sharded);
                  each shard runs `lngram_jax.core.forward` with its own pieces
   checkpoint.py  orbax save of sharded state, restore onto another mesh
-  multihost.py   jax.distributed start-up (the multi-process check and the
-                 benchmark are `experiments.bench.multihost` / `.sharding`)
+
+Multi-process start-up (`jax.distributed`) is run code, not the layer's:
+`experiments.trainer.multihost.initialize`; the multi-process check and the
+benchmark are `experiments.tools.bench.multihost` / `.sharding`.
 
 Every sharded function has an unsharded twin it is tested against.
 """

@@ -35,7 +35,7 @@ from lngram_jax import checks, core
 from lngram_jax.config import LngramConfig
 from lngram_jax.conv import short_conv
 from lngram_jax.layer import LngramV2
-from lngram_jax.lookup import ngram_lookup
+from lngram_jax.lookup import check_surrogate_impl, ngram_lookup
 from lngram_jax.sharding.context import extend_tokens, short_conv_with_halo
 from lngram_jax.sharding.lookup import ngram_lookup_shard, vary_over
 from lngram_jax.sharding.mesh import (
@@ -61,10 +61,11 @@ class ShardedLngramV2(LngramV2):
   """
 
   def __init__(self, config: LngramConfig, *, mesh: Mesh,
-               sharding: ShardingConfig | None = None, rngs: nnx.Rngs):
+               sharding: ShardingConfig | None = None, rngs: nnx.Rngs,
+               surrogate_impl: str = "auto"):
     sharding = sharding or ShardingConfig()
     check_layout(config, mesh, sharding)
-    super().__init__(config, rngs=rngs)
+    super().__init__(config, rngs=rngs, surrogate_impl=surrogate_impl)
     self.mesh = mesh
     self.sharding = sharding
     # Under jit these constraints let XLA generate each parameter in place.
@@ -81,7 +82,7 @@ class ShardedLngramV2(LngramV2):
 
 def create_sharded(config: LngramConfig, *, mesh: Mesh,
                    sharding: ShardingConfig | None = None,
-                   rngs: nnx.Rngs) -> ShardedLngramV2:
+                   rngs: nnx.Rngs, surrogate_impl: str = "auto") -> ShardedLngramV2:
   """A `ShardedLngramV2` whose parameters are created directly in their shards.
 
   With partitionable threefry (JAX's default) the values equal those of
@@ -90,7 +91,8 @@ def create_sharded(config: LngramConfig, *, mesh: Mesh,
 
   @nnx.jit
   def create(rngs):
-    return ShardedLngramV2(config, mesh=mesh, sharding=sharding, rngs=rngs)
+    return ShardedLngramV2(config, mesh=mesh, sharding=sharding, rngs=rngs,
+                           surrogate_impl=surrogate_impl)
 
   return create(rngs)
 
@@ -99,11 +101,13 @@ def shard_layer(layer: LngramV2, *, mesh: Mesh,
                 sharding: ShardingConfig | None = None) -> ShardedLngramV2:
   """A `ShardedLngramV2` holding `layer`'s parameters, moved into their shards.
 
-  For a layer built or trained on one device; its arrays are copied.
+  For a layer built or trained on one device; its arrays are copied, and its
+  `surrogate_impl` too.
   """
   sharding = sharding or ShardingConfig()
   sharded = nnx.eval_shape(lambda: ShardedLngramV2(
-      layer.config, mesh=mesh, sharding=sharding, rngs=nnx.Rngs(0)))
+      layer.config, mesh=mesh, sharding=sharding, rngs=nnx.Rngs(0),
+      surrogate_impl=layer.surrogate_impl))
   params = nnx.to_pure_dict(nnx.state(layer))
   nnx.update(sharded, jax.device_put(params, layer_param_shardings(params, mesh, sharding)))
   return sharded
@@ -111,9 +115,13 @@ def shard_layer(layer: LngramV2, *, mesh: Mesh,
 
 def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: ShardingConfig,
                         segment_ids=None, valid=None, return_aux=False):
-  """Run `layer` (any `LngramV2`, its arrays on `mesh` or not) under shard_map."""
+  """Run `layer` (any `LngramV2`, its arrays on `mesh` or not) under shard_map.
+
+  The lookups' backward runs `layer.surrogate_impl`.
+  """
   c = layer.config
   s = sharding
+  check_surrogate_impl(layer.surrogate_impl)
   checks.check_layer_inputs(c.d_model, h_BxTxD, segment_ids, valid)
   B, T = h_BxTxD.shape[:2]
   check_layout(c, mesh, s, (B, T))
@@ -121,6 +129,7 @@ def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: Shard
   present = functools.partial(present_axis, mesh)
   body = functools.partial(
       _layer_body, config=c, sharding=s, return_aux=return_aux,
+      surrogate_impl=layer.surrogate_impl,
       data_axis=present(s.data_axis), seq_axis=present(s.seq_axis),
       table_axis=present(s.table_axis),
       context_parallel=axis_size(mesh, s.seq_axis) > 1)
@@ -139,7 +148,7 @@ def sharded_layer_apply(layer: LngramV2, h_BxTxD, *, mesh: Mesh, sharding: Shard
 
 
 def _layer_body(params, h_BxTxD, segment_ids, valid, *, config, sharding, return_aux,
-                data_axis, seq_axis, table_axis, context_parallel):
+                surrogate_impl, data_axis, seq_axis, table_axis, context_parallel):
   """One shard's `core.forward`, given its pieces: lookup, readout and conv."""
   c = config
   route_parallel = sharding.mode == "route_parallel"
@@ -170,7 +179,8 @@ def _layer_body(params, h_BxTxD, segment_ids, valid, *, config, sharding, return
             valid=valid)
       logits_ext, segment_ext, valid_ext = extended[id(logits_BxTxRxM)]
     kwargs = dict(order=order, bits=c.bits, segment_ids=segment_ext, valid=valid_ext,
-                  surrogate=c.surrogate, tau=c.surrogate_tau, scale=c.surrogate_scale)
+                  surrogate=c.surrogate, tau=c.surrogate_tau, scale=c.surrogate_scale,
+                  surrogate_impl=surrogate_impl)
     if route_parallel:  # own routes only, nothing to combine
       mem = ngram_lookup(table_ExDm, logits_ext, **kwargs)
     else:  # own rows gathered, the rest psum'd in

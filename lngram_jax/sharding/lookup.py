@@ -51,7 +51,7 @@ def vary_over(x, axes: tuple[str, ...]):
 def ngram_lookup_shard(table_local_ElxDm, logits_BxTxRxM, *, order: int, bits: int,
                        table_axis: str | None, vary_axes: tuple[str, ...] = (),
                        segment_ids=None, valid=None, surrogate: str = "onebit",
-                       tau: float = 1.0, scale: float = 1.0):
+                       tau: float = 1.0, scale: float = 1.0, surrogate_impl: str = "auto"):
   """Inside `shard_map`: the generic lookup of one order, psum'd over `table_axis`.
 
   Args:
@@ -65,7 +65,7 @@ def ngram_lookup_shard(table_local_ElxDm, logits_BxTxRxM, *, order: int, bits: i
     mem_BxTxRxDm, identical on every shard of `table_axis`.
   """
   kwargs = dict(order=order, bits=bits, segment_ids=segment_ids, valid=valid,
-                surrogate=surrogate, tau=tau, scale=scale)
+                surrogate=surrogate, tau=tau, scale=scale, surrogate_impl=surrogate_impl)
   table_local_ElxDm = vary_over(table_local_ElxDm, vary_axes)
   if table_axis is None:
     return ngram_lookup(table_local_ElxDm, logits_BxTxRxM, **kwargs)
@@ -90,7 +90,7 @@ def ngram_lookup_shard(table_local_ElxDm, logits_BxTxRxM, *, order: int, bits: i
 def sharded_ngram_lookup(table_ExDm, logits_BxTxRxM, *, mesh, order: int, bits: int,
                          sharding: ShardingConfig | None = None, segment_ids=None,
                          valid=None, surrogate: str = "onebit", tau: float = 1.0,
-                         scale: float = 1.0):
+                         scale: float = 1.0, surrogate_impl: str = "auto"):
   """`ngram_lookup` with rows over `table`, batch over `data`, time over `seq`.
 
   The sharded twin of `lngram_jax.lookup.ngram_lookup` (same arguments plus
@@ -115,7 +115,7 @@ def sharded_ngram_lookup(table_ExDm, logits_BxTxRxM, *, mesh, order: int, bits: 
         f"at least order-1 = {halo} steps.")
   body = functools.partial(
       _lookup_body, order=order, bits=bits, surrogate=surrogate, tau=float(tau),
-      scale=float(scale), halo=halo, sharding=s,
+      scale=float(scale), surrogate_impl=surrogate_impl, halo=halo, sharding=s,
       table_axis=s.table_axis if s.table_axis in mesh.axis_names else None,
       vary_axes=tuple(a for a in (*axis_names(s.data_axis), s.seq_axis)
                       if a in mesh.axis_names))
@@ -128,12 +128,13 @@ def sharded_ngram_lookup(table_ExDm, logits_BxTxRxM, *, mesh, order: int, bits: 
 
 
 def _lookup_body(table, logits, segment_ids, valid, *, order, bits, surrogate, tau,
-                 scale, halo, sharding, table_axis, vary_axes):
+                 scale, surrogate_impl, halo, sharding, table_axis, vary_axes):
   if halo:
     logits, segment_ids, valid = extend_tokens(
         logits, halo=halo, axis_name=sharding.seq_axis, segment_ids=segment_ids,
         valid=valid)
   mem = ngram_lookup_shard(table, logits, order=order, bits=bits, table_axis=table_axis,
                            vary_axes=vary_axes, segment_ids=segment_ids, valid=valid,
-                           surrogate=surrogate, tau=tau, scale=scale)
+                           surrogate=surrogate, tau=tau, scale=scale,
+                           surrogate_impl=surrogate_impl)
   return mem[:, halo:]

@@ -92,9 +92,9 @@ def kernel_partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale, interpret
 
 
 def _kernel_state(q_BxTxHqxDr, mem_BxTxRxDr, *, scale, interpret):
-  from kernels.sink_readout import sink_readout  # the Pallas backends load on first use
+  from kernels.sink_readout import sink_readout_kernel  # the Pallas backends load on first use
   B, T, Hq, Dr = q_BxTxHqxDr.shape
-  out_BTxHqxDr, lse_BTxHq = sink_readout(
+  out_BTxHqxDr, lse_BTxHq = sink_readout_kernel(
       q_BxTxHqxDr.reshape(B * T, Hq, Dr), mem_BxTxRxDr.reshape(B * T, -1, Dr),
       sink_logit=-jnp.inf, scale=scale, interpret=interpret)
   acc = _stat_dtype(q_BxTxHqxDr.dtype)

@@ -25,7 +25,7 @@ def smoke_config_fixture():
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
   """A 2-step lm_lngram smoke run with checkpoints at steps 1 and 2."""
-  from experiments.tasks import run_train as train
+  from experiments.jobs import run_train as train
 
   workdir = tmp_path_factory.mktemp("smoke_run")
   result = train(smoke_config(steps=2, ckpt_every=1, eval_every=2), workdir)

@@ -28,7 +28,7 @@ def test_restore_notebook_runs(smoke_run, tmp_path, monkeypatch, notebook_kernel
   import jax
   from flax import nnx
 
-  from experiments.tasks.restore import restore
+  from experiments.jobs.restore import restore
   nb = nbformat.read(NOTEBOOK, as_version=4)
   client = nbclient.NotebookClient(
       nb, kernel_name=notebook_kernel, timeout=300,

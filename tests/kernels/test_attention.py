@@ -10,6 +10,7 @@ picks per lowering platform: the reference on CPU, splash in a TPU program. On a
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,8 +59,7 @@ def _check(kernel, tol, T=T, dh=DH):
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=tol, atol=tol)
   grads = jax.jit(jax.grad(functools.partial(_loss, fn, w, valid), argnums=(0, 1, 2)))
   ref_grads = jax.grad(functools.partial(_loss, ref, w, valid), argnums=(0, 1, 2))
-  for g, r in zip(grads(q, k, v), ref_grads(q, k, v), strict=True):
-    np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
+  chex.assert_trees_all_close(grads(q, k, v), ref_grads(q, k, v), rtol=tol, atol=tol)
 
 
 def test_reference_is_the_models_masked_attention():

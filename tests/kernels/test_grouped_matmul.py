@@ -5,10 +5,12 @@ program, ragged_dot for a GPU and on CPU); float64 stays float64; bad inputs are
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 from lowering import KERNEL_CALL, lower_text
 
 from kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
@@ -25,27 +27,29 @@ def _inputs(dtype=jnp.float32, sizes=SIZES):
   return lhs, rhs, jnp.asarray(sizes, jnp.int32), r
 
 
-def _value_and_grads(fn, lhs, rhs, sizes, r):
-  return jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(jnp.sin(fn(a, b, sizes)) * r),
-                                    argnums=(0, 1)))(lhs, rhs)
+def _value_and_grads(fn, lhs, rhs, sizes, r, wrap=jax.jit):
+  return wrap(jax.value_and_grad(lambda a, b: jnp.sum(jnp.sin(fn(a, b, sizes)) * r),
+                                 argnums=(0, 1)))(lhs, rhs)
 
 
-@pytest.mark.parametrize("implementation", ["megablox", "ragged_dot", None])
-@pytest.mark.parametrize("sizes", [SIZES, (0, 0, 200, 0, 0), (41, 40, 39, 40, 40)])
-def test_equals_the_per_group_twin_values_and_grads(implementation, sizes):
-  lhs, rhs, group_sizes, r = _inputs(sizes=sizes)
-  fn = functools.partial(grouped_matmul, implementation=implementation)
-  out = jax.jit(fn)(lhs, rhs, group_sizes)
-  want = grouped_matmul_reference(lhs, rhs, group_sizes)
-  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
-  assert not np.asarray(out[sum(sizes):]).any()   # rows past the groups are zero
-  v, (d_lhs, d_rhs) = _value_and_grads(fn, lhs, rhs, group_sizes, r)
-  v0, (d_lhs0, d_rhs0) = _value_and_grads(grouped_matmul_reference, lhs, rhs, group_sizes, r)
-  np.testing.assert_allclose(v, v0, rtol=1e-5)
-  np.testing.assert_allclose(d_lhs, d_lhs0, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(d_rhs, d_rhs0, rtol=1e-4, atol=1e-4)
-  empty = [g for g, s in enumerate(sizes) if s == 0]
-  assert not np.asarray(d_rhs[np.asarray(empty, int)]).any()   # no rows, no gradient
+class TwinTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(implementation=["megablox", "ragged_dot", None],
+                         sizes=[SIZES, (0, 0, 200, 0, 0), (41, 40, 39, 40, 40)])
+  def test_equals_the_per_group_twin_values_and_grads(self, implementation, sizes):
+    lhs, rhs, group_sizes, r = _inputs(sizes=sizes)
+    fn = functools.partial(grouped_matmul, implementation=implementation)
+    out = self.variant(fn)(lhs, rhs, group_sizes)
+    want = grouped_matmul_reference(lhs, rhs, group_sizes)
+    chex.assert_trees_all_close(out, want, rtol=1e-5, atol=1e-4)
+    assert not np.asarray(out[sum(sizes):]).any()   # rows past the groups are zero
+    v, grads = _value_and_grads(fn, lhs, rhs, group_sizes, r, wrap=self.variant)
+    v0, grads0 = _value_and_grads(grouped_matmul_reference, lhs, rhs, group_sizes, r)
+    np.testing.assert_allclose(v, v0, rtol=1e-5)
+    chex.assert_trees_all_close(grads, grads0, rtol=1e-4, atol=1e-4)
+    empty = [g for g, s in enumerate(sizes) if s == 0]
+    assert not np.asarray(grads[1][np.asarray(empty, int)]).any()   # no rows, no gradient
 
 
 def test_float64_stays_float64_against_the_twin():
@@ -53,10 +57,9 @@ def test_float64_stays_float64_against_the_twin():
     lhs, rhs, sizes, r = _inputs(jnp.float64)
     v, grads = _value_and_grads(grouped_matmul, lhs, rhs, sizes, r)
     v0, grads0 = _value_and_grads(grouped_matmul_reference, lhs, rhs, sizes, r)
-    assert v.dtype == jnp.float64 and all(g.dtype == jnp.float64 for g in grads)
+    chex.assert_type([v, *grads], jnp.float64)
     np.testing.assert_allclose(v, v0, rtol=1e-12)
-    for g, g0 in zip(grads, grads0, strict=True):
-      np.testing.assert_allclose(g, g0, rtol=1e-11, atol=1e-11)
+    chex.assert_trees_all_close(grads, grads0, rtol=1e-11, atol=1e-11)
     with pytest.raises(ValueError, match="megablox multiplies float32 and bfloat16"):
       grouped_matmul(lhs, rhs, sizes, implementation="megablox")
 

@@ -12,21 +12,28 @@ benchmark widths and at a padded D > 256 shape.
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import use_abstract_mesh
 from lowering import H100
+from tree_checks import relative_to_reference
 
-from kernels.sink_readout import BlockSizes, sink_readout, sink_readout_reference, triton_amortised
+from kernels.sink_readout import (
+  BlockSizes,
+  sink_readout_kernel,
+  sink_readout_reference,
+  triton_amortised,
+)
 from kernels.sink_readout.common import HOPPER_SMEM_BYTES, token_block_forward_smem_bytes
 
 SHAPE = (5, 3, 150, 24)  # BT, Hq, R, Dr
 SCALE = 0.25
 BLOCKS = BlockSizes(block_n=2, block_r=64, block_n_bwd=4, block_r_bwd=16, layout="token_block")
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
-_KERNEL = functools.partial(sink_readout, scale=SCALE, implementation="triton",
+_KERNEL = functools.partial(sink_readout_kernel, scale=SCALE, implementation="triton",
                             block_sizes=BLOCKS, interpret=True)
 _REFERENCE = functools.partial(sink_readout_reference, scale=SCALE)
 
@@ -53,23 +60,24 @@ def _values_and_grads(readout, q, mem, sink_logit, dout, dlse):
   return (out, lse, *vjp((dout, dlse)))
 
 
-def _rel_err(got, want):
-  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-  return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+_OUTPUTS = ("out", "lse", "dq", "dmem", "d_sink")
 
 
 def _compare(args, sink_logit, tol, readout=_KERNEL):
   q, mem, dout, dlse = args
   args = (q, mem, jnp.float32(sink_logit), dout, dlse)
-  got, want = _values_and_grads(readout, *args), _values_and_grads(_REFERENCE, *args)
-  for name, g, w in zip(("out", "lse", "dq", "dmem", "d_sink"), got, want, strict=True):
-    assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
-    assert np.all(np.isfinite(np.asarray(g, np.float32))), name
-    if name == "d_sink":  # a sum of BT·Hq terms that largely cancel: absolute scale
-      assert abs(float(g) - float(w)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (g, w)
-    else:
-      assert _rel_err(g, w) < tol, (name, _rel_err(g, w))
-  return got
+  result = _values_and_grads(readout, *args)
+  got = dict(zip(_OUTPUTS, result, strict=True))
+  want = dict(zip(_OUTPUTS, _values_and_grads(_REFERENCE, *args), strict=True))
+  chex.assert_trees_all_equal_shapes_and_dtypes(got, want)
+  chex.assert_tree_all_finite(got)
+  # d_sink: a sum of BT·Hq terms that largely cancel: absolute scale.
+  d_sink, d_sink_ref = got.pop("d_sink"), want.pop("d_sink")
+  assert abs(float(d_sink) - float(d_sink_ref)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (
+      d_sink, d_sink_ref)
+  # The others against each one's own scale: max|got - want| <= tol·max|want|.
+  chex.assert_trees_all_close(*relative_to_reference(got, want, floor=1e-30), rtol=0, atol=tol)
+  return result
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -88,9 +96,13 @@ def test_token_block_tokens_do_not_mix():
   b0 = jnp.float32(0.3)
   before = _values_and_grads(_KERNEL, q, mem, b0, dout, dlse)
   after = _compare((q, mem.at[1].multiply(-2.0), dout, dlse), 0.3, 2e-5)
-  for name, x, y in zip(("out", "lse", "dq", "dmem"), before[:4], after[:4], strict=True):
-    others = np.array([0, 2, 3, 4])
-    np.testing.assert_array_equal(np.asarray(x)[others], np.asarray(y)[others], err_msg=name)
+  others = np.array([0, 2, 3, 4])
+
+  def rows(values, which):
+    return {name: np.asarray(v)[which] for name, v in zip(_OUTPUTS[:4], values[:4], strict=True)}
+
+  chex.assert_trees_all_equal(rows(before, others), rows(after, others))
+  for name, x, y in zip(_OUTPUTS[:4], before[:4], after[:4], strict=True):
     assert not np.allclose(np.asarray(x)[1], np.asarray(y)[1]), name
 
 
@@ -102,10 +114,9 @@ def test_token_block_sink_only_and_no_sink():
   far_mem = jnp.abs(mem) + 0.5
   out, lse, dq, dmem, d_sink = _values_and_grads(_KERNEL, far_q, far_mem, jnp.float32(2.0),
                                                  dout, dlse)
-  np.testing.assert_array_equal(out, 0.0)
-  np.testing.assert_array_equal(lse, 2.0)
-  np.testing.assert_array_equal(dq, 0.0)
-  np.testing.assert_array_equal(dmem, 0.0)
+  chex.assert_trees_all_equal(
+      (out, lse, dq, dmem),
+      (jnp.zeros_like(out), jnp.full_like(lse, 2.0), jnp.zeros_like(dq), jnp.zeros_like(dmem)))
   np.testing.assert_allclose(d_sink, jnp.sum(dlse), rtol=1e-6)  # σ0 = 1, out = 0
   _compare((q, mem, dout, dlse), -jnp.inf, 2e-5)
 
@@ -121,7 +132,8 @@ def test_token_block_checks(blocks, implementation, q_dtype, error):
   with jax.enable_x64(q_dtype == jnp.float64):
     q, mem = jnp.zeros((2, 3, 8), q_dtype), jnp.zeros((2, 4, 8), q_dtype)
     with pytest.raises((ValueError, TypeError), match=error):
-      sink_readout(q, mem, sink_logit=0.0, implementation=implementation, block_sizes=blocks)
+      sink_readout_kernel(q, mem, sink_logit=0.0, implementation=implementation,
+                          block_sizes=blocks)
   with pytest.raises(ValueError, match="layout='tokens'"):
     BlockSizes(layout="tokens")
 
@@ -132,8 +144,8 @@ def _lower_cuda(fn, avals):
 
 
 def _loss(blocks, q, mem, sink_logit):
-  out, lse = sink_readout(q, mem, sink_logit=sink_logit, scale=0.0625, implementation="triton",
-                          block_sizes=blocks, interpret=False)
+  out, lse = sink_readout_kernel(q, mem, sink_logit=sink_logit, scale=0.0625,
+                                 implementation="triton", block_sizes=blocks, interpret=False)
   return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse)
 
 
@@ -196,7 +208,7 @@ def test_token_block_on_gpu(dtype):
           jax.random.normal(km, (BT, R, Dr), jnp.float32).astype(dtype),
           jax.random.normal(ko, (BT, Hq, Dr), jnp.float32).astype(dtype),
           jax.random.normal(kl, (BT, Hq), jnp.float32))
-  readout = functools.partial(sink_readout, scale=SCALE, implementation="triton",
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="triton",
                               block_sizes=BlockSizes.get_default(
                                   "triton", Dr, layout="token_block",
                                   itemsize=jnp.dtype(dtype).itemsize))

@@ -12,16 +12,18 @@ compile-time constant.
 import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from lowering import KERNEL_CALL, lower_text
+from tree_checks import relative_to_reference
 
 from kernels.sink_readout import (
   BlockSizes,
   mosaic_tpu,
-  sink_readout,
+  sink_readout_kernel,
   sink_readout_reference,
   triton_gpu,
 )
@@ -63,23 +65,22 @@ def _values_and_grads(readout, q, mem, sink_logit, dout, dlse):
   return (out, lse, *vjp((dout, dlse)))
 
 
-def _rel_err(got, want):
-  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-  return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+_OUTPUTS = ("out", "lse", "dq", "dmem", "d_sink")
 
 
 def _compare(readout, args, sink_logit, tol):
   q, mem, dout, dlse = args
   args = (q, mem, jnp.float32(sink_logit), dout, dlse)
-  got = _values_and_grads(readout, *args)
-  want = _values_and_grads(_REFERENCE, *args)
-  for name, g, w in zip(("out", "lse", "dq", "dmem", "d_sink"), got, want, strict=True):
-    assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
-    assert np.all(np.isfinite(np.asarray(g, np.float32))), name
-    if name == "d_sink":  # a sum over N·Hq terms that largely cancel: absolute scale
-      assert abs(float(g) - float(w)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (g, w)
-    else:
-      assert _rel_err(g, w) < tol, (name, _rel_err(g, w))
+  got = dict(zip(_OUTPUTS, _values_and_grads(readout, *args), strict=True))
+  want = dict(zip(_OUTPUTS, _values_and_grads(_REFERENCE, *args), strict=True))
+  chex.assert_trees_all_equal_shapes_and_dtypes(got, want)
+  chex.assert_tree_all_finite(got)
+  # d_sink: a sum over N·Hq terms that largely cancel: absolute scale.
+  d_sink, d_sink_ref = got.pop("d_sink"), want.pop("d_sink")
+  assert abs(float(d_sink) - float(d_sink_ref)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (
+      d_sink, d_sink_ref)
+  # The others against each one's own scale: max|got - want| <= tol·max|want|.
+  chex.assert_trees_all_close(*relative_to_reference(got, want, floor=1e-30), rtol=0, atol=tol)
 
 
 # --- the reference itself ------------------------------------------------------
@@ -98,38 +99,43 @@ def test_reference_hand_computed_single_route():
   np.testing.assert_allclose(lse[0, 0], math.log(math.exp(b0) + math.exp(s)), rtol=1e-6)
 
 
-def test_reference_and_xla_path_keep_float64():
-  """float64 in, float64 statistics out: equal to the float64 per-head loop of
-  `lngram_jax.reference` (keys = values = mem, one KV head, T = 1) to ~1e-13, in
-  values and in the gradients of q, mem and b0. A float32 step anywhere would
-  show as ~1e-7. The Pallas kernels refuse float64 with a message."""
-  from lngram_jax import reference  # the test's reference loop; kernels import no model
+class Float64Test(chex.TestCase):
 
-  with jax.enable_x64(True):
-    rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.normal(size=(4, 3, 6)), jnp.float64)
-    mem = jnp.asarray(rng.normal(size=(4, 5, 6)), jnp.float64)
-    dout = jnp.asarray(rng.normal(size=(4, 3, 6)), jnp.float64)
-    dlse = jnp.asarray(rng.normal(size=(4, 3)), jnp.float64)
-    b0 = jnp.float64(0.7)
-    scale = 1.0 / math.sqrt(6)  # the loop's 1/√Dh
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reference_and_xla_path_keep_float64(self):
+    """float64 in, float64 statistics out: equal to the float64 per-head loop of
+    `lngram_jax.reference` (keys = values = mem, one KV head, T = 1) to ~1e-13, in
+    values and in the gradients of q, mem and b0, jitted and not. A float32 step
+    anywhere would show as ~1e-7. The Pallas kernels refuse float64 with a message."""
+    from lngram_jax import reference  # the test's reference loop; kernels import no model
 
-    def loop(q, mem, b0):
-      kv = mem[:, None, :, None, :]            # [BT, 1, R, Hkv = 1, Dr]
-      o, lse = reference.sink_readout(q[:, None], kv, kv, sink_logit=b0)
-      return o[:, 0], lse[:, 0]
+    with jax.enable_x64(True):
+      rng = np.random.default_rng(0)
+      q = jnp.asarray(rng.normal(size=(4, 3, 6)), jnp.float64)
+      mem = jnp.asarray(rng.normal(size=(4, 5, 6)), jnp.float64)
+      dout = jnp.asarray(rng.normal(size=(4, 3, 6)), jnp.float64)
+      dlse = jnp.asarray(rng.normal(size=(4, 3)), jnp.float64)
+      b0 = jnp.float64(0.7)
+      scale = 1.0 / math.sqrt(6)  # the loop's 1/√Dh
 
-    for readout in (functools.partial(sink_readout_reference, scale=scale),
-                    functools.partial(sink_readout, scale=scale, implementation="xla")):
-      (out, lse), vjp = jax.vjp(lambda q, m, b, f=readout: f(q, m, sink_logit=b), q, mem, b0)
-      (out_ref, lse_ref), vjp_ref = jax.vjp(loop, q, mem, b0)
-      assert out.dtype == lse.dtype == jnp.float64
-      for got, want in zip((out, lse, *vjp((dout, dlse))),
-                           (out_ref, lse_ref, *vjp_ref((dout, dlse))), strict=True):
-        assert got.dtype == jnp.float64
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-13, atol=1e-13)
-    with pytest.raises(TypeError, match="float64 only with implementation='xla'"):
-      sink_readout(q, mem, sink_logit=0.0, implementation="triton")
+      def loop(q, mem, sink_logit):
+        kv = mem[:, None, :, None, :]            # [BT, 1, R, Hkv = 1, Dr]
+        o, lse = reference.sink_gqa_reference(q[:, None], kv, kv, sink_logit=sink_logit)
+        return o[:, 0], lse[:, 0]
+
+      def values_and_grads(readout, q, mem, b0):
+        (out, lse), vjp = jax.vjp(lambda q, m, b: readout(q, m, sink_logit=b), q, mem, b0)
+        return (out, lse, *vjp((dout, dlse)))
+
+      want = values_and_grads(loop, q, mem, b0)
+      run = self.variant(values_and_grads, static_argnums=0)
+      for readout in (functools.partial(sink_readout_reference, scale=scale),
+                      functools.partial(sink_readout_kernel, scale=scale, implementation="xla")):
+        got = run(readout, q, mem, b0)
+        chex.assert_type(got, jnp.float64)
+        chex.assert_trees_all_close(got, want, rtol=1e-13, atol=1e-13)
+      with pytest.raises(TypeError, match="float64 only with implementation='xla'"):
+        sink_readout_kernel(q, mem, sink_logit=0.0, implementation="triton")
 
 
 # --- kernels in interpret mode ------------------------------------------------
@@ -141,7 +147,7 @@ def test_kernel_matches_reference_ragged(implementation, dtype):
   N, Hq, R, D = SHAPE
   blocks = BLOCKS[implementation]
   assert N % blocks.block_n and R % blocks.block_r  # both last blocks are partial
-  readout = functools.partial(sink_readout, scale=SCALE, implementation=implementation,
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation=implementation,
                               block_sizes=blocks, interpret=True)
   _compare(readout, _inputs(N, Hq, R, D, dtype), 0.8, TOLERANCE[dtype])
 
@@ -153,13 +159,12 @@ def test_kernel_sink_only_extreme(implementation):
   mem = jnp.abs(mem) + 0.5
   q = -100.0 * (jnp.abs(q) + 0.5)  # every score <= -25·D·SCALE = -150: exp underflows
   b0 = 2.0
-  readout = functools.partial(sink_readout, scale=SCALE, implementation=implementation,
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation=implementation,
                               block_sizes=BLOCKS[implementation], interpret=True)
   out, lse, dq, dmem, d_sink = _values_and_grads(readout, q, mem, jnp.float32(b0), dout, dlse)
-  np.testing.assert_array_equal(out, 0.0)
-  np.testing.assert_array_equal(lse, b0)
-  np.testing.assert_array_equal(dq, 0.0)
-  np.testing.assert_array_equal(dmem, 0.0)
+  chex.assert_trees_all_equal(
+      (out, lse, dq, dmem),
+      (jnp.zeros_like(out), jnp.full_like(lse, b0), jnp.zeros_like(dq), jnp.zeros_like(dmem)))
   np.testing.assert_allclose(d_sink, jnp.sum(dlse), rtol=1e-6)  # σ0 = 1, out = 0
   _compare(readout, (q, mem, dout, dlse), b0, 1e-6)
 
@@ -171,14 +176,14 @@ def test_kernel_even_blocks(implementation, backward):
   path), and the XLA-VJP fallback of the backward."""
   N, Hq, R, D = 4, 2, 32, 16
   block_r = R if implementation == "mosaic_tpu" else 16
-  readout = functools.partial(sink_readout, scale=SCALE, implementation=implementation,
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation=implementation,
                               interpret=True, backward=backward,
                               block_sizes=BlockSizes(block_n=2, block_r=block_r))
   _compare(readout, _inputs(N, Hq, R, D, jnp.float32, seed=2), 0.3, 2e-5)
 
 
 def test_xla_implementation_is_the_reference():
-  readout = functools.partial(sink_readout, scale=SCALE, implementation="xla")
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="xla")
   _compare(readout, _inputs(*SHAPE, jnp.float32), 0.5, 1e-7)
 
 
@@ -207,7 +212,7 @@ def test_input_checks(kwargs, q_shape, mem_shape, dtype, error):
   q = jnp.zeros(q_shape, dtype)
   mem = jnp.zeros(mem_shape, dtype)
   with pytest.raises((ValueError, TypeError), match=error):
-    sink_readout(q, mem, sink_logit=0.0, **kwargs)
+    sink_readout_kernel(q, mem, sink_logit=0.0, **kwargs)
 
 
 def test_block_sizes_validated():
@@ -219,9 +224,9 @@ def test_block_sizes_validated():
 
 
 def _loss(implementation, block_sizes, q, mem, sink_logit):
-  out, lse = sink_readout(q, mem, sink_logit=sink_logit, scale=0.0625,
-                          implementation=implementation, block_sizes=block_sizes,
-                          interpret=False)
+  out, lse = sink_readout_kernel(q, mem, sink_logit=sink_logit, scale=0.0625,
+                                 implementation=implementation, block_sizes=block_sizes,
+                                 interpret=False)
   return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse)
 
 
@@ -276,7 +281,7 @@ def test_lowering_rejects_what_interpret_accepts():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_triton_on_gpu(dtype):
   args = _inputs(300, 16, 121, 256, dtype)
-  readout = functools.partial(sink_readout, scale=SCALE, implementation="triton")
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="triton")
   # f32 dots on the GPU may run as TF32 inside XLA's reference.
   _compare(readout, args, 1.0, 3e-2 if dtype == jnp.bfloat16 else 5e-3)
 
@@ -285,6 +290,6 @@ def test_triton_on_gpu(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_mosaic_on_tpu(dtype):
   args = _inputs(300, 16, 300, 256, dtype)
-  readout = functools.partial(sink_readout, scale=SCALE, implementation="mosaic_tpu",
+  readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="mosaic_tpu",
                               block_sizes=BlockSizes(block_n=8, block_r=128))
   _compare(readout, args, 1.0, 3e-2 if dtype == jnp.bfloat16 else 5e-3)

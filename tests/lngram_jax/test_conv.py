@@ -78,8 +78,7 @@ class ShortConvTest(chex.TestCase):
     grads = jax.grad(lambda *a: loss(conv, *a), argnums=(0, 1))(x, kernel)
     conv_ref = lambda x, kernel, d, s: reference.short_conv(x, kernel, dilation=d, segment_ids=s)
     grads_ref = jax.grad(lambda *a: loss(conv_ref, *a), argnums=(0, 1))(x, kernel)
-    for g, g_ref in zip(grads, grads_ref, strict=True):
-      np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(grads, grads_ref, rtol=1e-5, atol=1e-5)
 
   def test_keeps_bfloat16(self):
     x = _random(10, (1, 6, 2)).astype(jnp.bfloat16)

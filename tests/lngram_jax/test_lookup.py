@@ -154,7 +154,7 @@ class SurrogateGradTest(X64TestCase):
     want = reference_logit_grad(case, n=n, tau=tau, scale=scale, mode="exact")
     self.assertEqual(d_z.dtype, jnp.float64)
     self.assertGreater(float(jnp.max(jnp.abs(want))), 1e-3)  # not a vacuous case
-    np.testing.assert_allclose(np.asarray(d_z), np.asarray(want), rtol=1e-10, atol=1e-13)
+    chex.assert_trees_all_close(d_z, want, rtol=1e-10, atol=1e-13)
 
   @chex.variants(with_jit=True)
   @parameterized.named_parameters(*_named_modes(_PER_BIT_CASES))
@@ -165,7 +165,7 @@ class SurrogateGradTest(X64TestCase):
     _, _, d_z = run_lookup(self.variant, case, n=n, surrogate=mode, tau=tau, scale=scale)
     want = reference_logit_grad(case, n=n, tau=tau, scale=scale, mode=mode)
     self.assertGreater(float(np.max(np.abs(want))), 1e-3)
-    np.testing.assert_allclose(np.asarray(d_z), want, rtol=1e-10, atol=1e-13)
+    chex.assert_trees_all_close(d_z, want, rtol=1e-10, atol=1e-13)
 
   @parameterized.parameters("exact", "onebit", "ste")
   def test_reference_lookup_gradient_is_the_closed_form(self, mode):
@@ -177,14 +177,14 @@ class SurrogateGradTest(X64TestCase):
     _, d_z = pull(jnp.asarray(case["g"]))
     want = reference_logit_grad(case, n=2, tau=0.9, scale=1.3, mode=mode)
     self.assertGreater(float(np.max(np.abs(want))), 1e-3)
-    np.testing.assert_allclose(np.asarray(d_z), want, rtol=1e-12, atol=1e-14)
+    chex.assert_trees_all_close(d_z, want, rtol=1e-12, atol=1e-14)
 
   def test_exact_is_onebit_for_one_bit(self):
     # With C = 2, Σ_c P_c(β_c - p)s_c = p(1-p)(s_1 - s_0): the two modes agree.
     case = make_case(3, B=2, T=6, R=2, M=1, n=3, packed=True)
     _, _, exact = run_lookup(jax.jit, case, n=3, surrogate="exact", tau=1.3, scale=0.7)
     _, _, onebit = run_lookup(jax.jit, case, n=3, surrogate="onebit", tau=1.3, scale=0.7)
-    np.testing.assert_allclose(np.asarray(exact), np.asarray(onebit), rtol=1e-12, atol=1e-14)
+    chex.assert_trees_all_close(exact, onebit, rtol=1e-12, atol=1e-14)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_none_gives_zero_logit_gradient(self):
@@ -218,8 +218,7 @@ class ForwardAndTableGradTest(X64TestCase):
       mem, d_table, _ = run_lookup(self.variant, case, n=n, surrogate=mode)
       mems[mode] = np.asarray(mem)
       np.testing.assert_array_equal(mems[mode], np.asarray(mem_want))
-      np.testing.assert_allclose(np.asarray(d_table), np.asarray(d_table_want),
-                                 rtol=1e-13, atol=0)
+      chex.assert_trees_all_close(d_table, d_table_want, rtol=1e-13, atol=0)
       # Counterfactual rows are read by the surrogate but receive nothing.
       np.testing.assert_array_equal(np.asarray(d_table)[~read], 0.0)
     for mode in MODES[1:]:
@@ -279,7 +278,7 @@ class MultiOrderTest(X64TestCase):
     for n in (2, 3):
       case = dict(cases[n], z=cases[2]["z"], segment_ids=segment_ids)
       want += reference_logit_grad(case, n=n, tau=0.8, scale=1.2, mode=surrogate)
-    np.testing.assert_allclose(d_z, want, rtol=1e-10, atol=1e-13)
+    chex.assert_trees_all_close(d_z, want, rtol=1e-10, atol=1e-13)
 
     # Each segment run alone gives the same gradient on its positions: no
     # contribution crosses a boundary, in either direction.
@@ -290,8 +289,8 @@ class MultiOrderTest(X64TestCase):
         alone = grad_fn(
             z[b:b + 1, sl], tables, {n: gs[n][b:b + 1, sl] for n in (2, 3)}, None,
             surrogate)
-        np.testing.assert_allclose(d_z[b:b + 1, sl], np.asarray(alone),
-                                   rtol=1e-12, atol=1e-14, err_msg=f"row {b} segment {seg}")
+        chex.assert_trees_all_close(d_z[b:b + 1, sl], alone, rtol=1e-12, atol=1e-14,
+                                    custom_message=f"row {b} segment {seg}")
 
 
 class BadInputTest(chex.TestCase):
@@ -339,6 +338,5 @@ class LowPrecisionTest(chex.TestCase):
                   g=np.asarray(case16["g"], np.float32))
     mem32, d_table32, d_z32 = run_lookup(self.variant, case32, n=2, surrogate=mode)
     np.testing.assert_array_equal(np.asarray(mem, np.float32), np.asarray(mem32))
-    np.testing.assert_allclose(np.asarray(d_z), np.asarray(d_z32), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(d_table, np.float32), np.asarray(d_table32),
-                               rtol=1e-2, atol=1e-2)
+    chex.assert_trees_all_close(d_z, d_z32, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(d_table.astype(jnp.float32), d_table32, rtol=1e-2, atol=1e-2)

@@ -2,8 +2,8 @@
 
 All three forms take (q, x̂, W_K, W_V); they must agree in values, in the float32
 log-sum-exp, and in the gradients of all four inputs. `sink_readout` itself is
-checked against the per-head loop of `lngram_jax.reference`, and the sink against
-closed forms.
+checked against the per-head loop of `lngram_jax.reference` (`sink_gqa_reference`),
+and the sink against closed forms.
 """
 
 import functools
@@ -99,11 +99,10 @@ class FormsAgreeTest(chex.TestCase):
     o, lse, grads = run(*inputs, *_cotangents(), b0)
     o_ref, lse_ref, grads_ref = _readout_vjp("literal", None, inputs, b0)
     chex.assert_trees_all_equal_shapes_and_dtypes((o, lse, grads), (o_ref, lse_ref, grads_ref))
-    np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(lse, lse_ref, rtol=1e-5, atol=1e-6)
-    for arg, g, g_ref in zip(("q", "mem", "w_k", "w_v"), grads, grads_ref, strict=True):
+    chex.assert_trees_all_close((o, lse), (o_ref, lse_ref), rtol=1e-5, atol=1e-6)
+    for arg, g_ref in zip(("q", "mem", "w_k", "w_v"), grads_ref, strict=True):
       self.assertGreater(float(jnp.max(jnp.abs(g_ref))), 0.0, arg)
-      np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5, err_msg=arg)
+    chex.assert_trees_all_close(grads, grads_ref, rtol=1e-5, atol=1e-5)
 
   @parameterized.named_parameters(
       ("literal", "literal", None),
@@ -135,17 +134,15 @@ class SinkReadoutTest(chex.TestCase):
     v = jax.random.normal(kv, (B, T, R, HKV, DH))
     b0 = sink_logit(R, mu0)
     o, lse = sink_readout(q, k, v, sink_logit=b0, return_lse=True)
-    o_ref, lse_ref = reference.sink_readout(q, k, v, sink_logit=b0)
-    np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(lse, lse_ref, rtol=1e-5, atol=1e-6)
+    o_ref, lse_ref = reference.sink_gqa_reference(q, k, v, sink_logit=b0)
+    chex.assert_trees_all_close((o, lse), (o_ref, lse_ref), rtol=1e-5, atol=1e-6)
 
   def test_literal_readout_is_sink_readout_of_projections(self):
     q, mem, w_k, w_v = _inputs(seed=5)
     b0 = sink_logit(R, 0.5)
     o_ref, lse_ref = reference.readout(q, mem, w_k, w_v, sink_logit=b0)
     o, lse = literal_readout(q, mem, w_k, w_v, sink_logit=b0, return_lse=True)
-    np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(lse, lse_ref, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close((o, lse), (o_ref, lse_ref), rtol=1e-5, atol=1e-5)
 
 
 ALL_FORMS = [("literal", "literal", None), ("streaming", "streaming", 4),

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from test_lookup import make_case
 
-from lngram_jax import lookup, reference, surrogate_blocks
+from lngram_jax import LngramConfig, LngramV2, lookup, reference, surrogate_blocks
 from lngram_jax.addressing import codes_from_logits, ngram_rows
-from lngram_jax.lookup import ngram_lookup, surrogate_logit_grad, use_surrogate_impl
+from lngram_jax.layer import set_surrogate_impl
+from lngram_jax.lookup import ngram_lookup, surrogate_logit_grad
+from lngram_jax.sharding import make_mesh, shard_layer
 
 MODES = ("exact", "onebit", "ste", "none")
 
@@ -77,16 +81,14 @@ def test_blocks_equal_gather(surrogate, orders, dtype, tiny_chunks):
   problem = _problem(len(orders) * 10 + MODES.index(surrogate), orders=orders, dtype=dtype)
   mems_g, d_tables_g, d_z_g = _value_and_grads("gather", surrogate, orders, *problem)
   mems_b, d_tables_b, d_z_b = _value_and_grads("blocks", surrogate, orders, *problem)
-  for mem_g, mem_b, d_g, d_b in zip(mems_g, mems_b, d_tables_g, d_tables_b, strict=True):
-    assert mem_b.dtype == jnp.dtype(dtype) and d_b.dtype == jnp.dtype(dtype)
-    np.testing.assert_array_equal(np.asarray(mem_b, np.float32), np.asarray(mem_g, np.float32))
-    # The table gradient is one code path for both implementations.
-    np.testing.assert_array_equal(np.asarray(d_b, np.float32), np.asarray(d_g, np.float32))
+  chex.assert_trees_all_equal_dtypes(mems_b, d_tables_b, [jnp.zeros((), dtype)] * len(orders))
+  # Bit-identical values; the table gradient is one code path for both implementations.
+  chex.assert_trees_all_equal((mems_b, d_tables_b), (mems_g, d_tables_g))
   assert d_z_b.dtype == jnp.float32
   if surrogate != "none":
     assert float(jnp.max(jnp.abs(d_z_g))) > 1e-2  # not a vacuous comparison
   # Same sums in another order: float32 round-off of the largest entries.
-  np.testing.assert_allclose(np.asarray(d_z_b), np.asarray(d_z_g), rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(d_z_b, d_z_g, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("strided", [False, True], ids=["runs", "strided"])
@@ -106,7 +108,7 @@ def test_chunking_is_invisible(surrogate, chunk_bytes, strided):
   got = jax.jit(functools.partial(surrogate_blocks._surrogate_logit_grad_blocks,
                                   chunk_bytes=chunk_bytes, strided=strided, **kw))(
       tables[0], z, rows, g, None)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_chunk_windows():
@@ -140,23 +142,55 @@ def test_blocks_equal_brute_force(mode, M, n, R, T, packed, padded, tau, scale, 
         case["table"], case["z"], case["g"], surrogate=mode, order=n, bits=M,
         segment_ids=case["segment_ids"], valid=case["valid"], tau=tau, scale=scale)
     assert d_z.dtype == jnp.float64 and float(np.max(np.abs(want))) > 1e-3
-    np.testing.assert_allclose(np.asarray(d_z), np.asarray(want), rtol=1e-10, atol=1e-13)
+    chex.assert_trees_all_close(d_z, want, rtol=1e-10, atol=1e-13)
 
 
-def test_default_impl_and_switch():
-  assert lookup.default_surrogate_impl() in lookup.SURROGATE_IMPLS
-  with use_surrogate_impl("gather"):
-    assert lookup.default_surrogate_impl() == "gather"
-    assert lookup.resolve_surrogate_impl(None, "onebit") == "gather"
-  with use_surrogate_impl("auto"):
-    # What the layer benchmark measured faster (BENCHMARKS.md).
-    assert lookup.resolve_surrogate_impl(None, "onebit") == "blocks"
-    assert lookup.resolve_surrogate_impl(None, "exact") == "blocks"
-    assert lookup.resolve_surrogate_impl(None, "ste") == "gather"  # one form only
+def test_auto_and_explicit_impls():
+  # "auto": what the layer benchmark measured faster (BENCHMARKS.md).
+  assert lookup.resolve_surrogate_impl("auto", "onebit") == "blocks"
+  assert lookup.resolve_surrogate_impl("auto", "exact") == "blocks"
+  assert lookup.resolve_surrogate_impl("auto", "ste") == "gather"  # one form only
   assert lookup.resolve_surrogate_impl("gather", "exact") == "gather"
+  assert lookup.resolve_surrogate_impl("blocks", "onebit") == "blocks"
   with pytest.raises(ValueError, match="surrogate_impl='fast' is not one of"):
     ngram_lookup(jnp.zeros((2 * 16, 4)), jnp.zeros((1, 3, 2, 2)), order=2, bits=2,
                  surrogate_impl="fast")
+  with pytest.raises(ValueError, match="surrogate_impl=None is not one of"):
+    lookup.resolve_surrogate_impl(None, "onebit")   # no hidden default to fall back on
+  config = LngramConfig(d_model=8, routes=2, bits=2, orders=(2,), mem_dim=4, q_heads=2,
+                        kv_heads=1, head_dim=4)
+  with pytest.raises(ValueError, match="surrogate_impl='fast' is not one of"):
+    LngramV2(config, rngs=nnx.Rngs(0), surrogate_impl="fast")
+  layer = LngramV2(config, rngs=nnx.Rngs(0))
+  assert layer.surrogate_impl == "auto"
+  with pytest.raises(ValueError, match="surrogate_impl='fast' is not one of"):
+    set_surrogate_impl(layer, "fast")
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["layer", "sharded"])
+@pytest.mark.parametrize("impl", ["gather", "blocks"])
+def test_the_layer_attribute_chooses_the_backward(impl, sharded, monkeypatch):
+  """The layer's `surrogate_impl` reaches the lookups' backward when the gradient is
+  traced (the sharded layer's too, copied by `shard_layer`): only "blocks" calls the
+  block form."""
+  calls = []
+  blocks = lookup.surrogate_logit_grad_blocks
+  monkeypatch.setattr(lookup, "surrogate_logit_grad_blocks",
+                      lambda *a, **k: calls.append(1) or blocks(*a, **k))
+  config = LngramConfig(d_model=8, routes=2, bits=2, orders=(2, 3), mem_dim=4, q_heads=2,
+                        kv_heads=1, head_dim=4)
+  layer = LngramV2(config, rngs=nnx.Rngs(0))
+  assert set_surrogate_impl(layer, impl) == 1
+  if sharded:
+    layer = shard_layer(layer, mesh=make_mesh(table=2, devices=jax.devices()[:2]))
+    assert layer.surrogate_impl == impl
+  graphdef, state = nnx.split(layer)
+
+  def loss(state, h):
+    return jnp.sum(nnx.merge(graphdef, state)(h))
+
+  jax.eval_shape(jax.grad(loss), state, jnp.ones((2, 6, 8)))
+  assert len(calls) == (len(config.orders) if impl == "blocks" else 0)
 
 
 @pytest.mark.parametrize("surrogate", ["exact", "onebit"])
@@ -211,7 +245,7 @@ def test_onebit_with_the_hard_scores_given_equals_reading_them():
   given = surrogate_blocks.surrogate_logit_grad_blocks(tables[0], z, rows, g, **kw,
                                                        hard_scores_BxTxR=hard)
   assert float(jnp.max(jnp.abs(read))) > 1e-2
-  np.testing.assert_allclose(np.asarray(given), np.asarray(read), rtol=1e-6, atol=1e-6)
+  chex.assert_trees_all_close(given, read, rtol=1e-6, atol=1e-6)
   assert lookup._hard_from_forward("onebit", "blocks") and lookup._hard_from_forward("ste", "gather")
   assert not lookup._hard_from_forward("onebit", "gather")
   assert not lookup._hard_from_forward("exact", "blocks")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,33 +21,37 @@ def qkv(seed=0):
           jax.random.normal(kv, (B, NV, HKV, DH)))
 
 
-def test_matches_reference_values_and_probs():
-  q, k, v = qkv()
-  o, p = jax.jit(lambda q, k, v: visual_attention(q, k, v, VALID, return_probs=True))(q, k, v)
-  o_ref = jax.jit(visual_attention_reference)(q, k, v, VALID)
-  np.testing.assert_allclose(np.asarray(o), np.asarray(o_ref), rtol=1e-5, atol=1e-6)
-  p = np.asarray(p)
-  np.testing.assert_allclose(p[:2].sum(-1), 1.0, rtol=1e-6)
-  np.testing.assert_array_equal(p[1, ..., 4:], 0.0)
-  np.testing.assert_array_equal(p[2], 0.0)
-  np.testing.assert_array_equal(np.asarray(o[2]), 0.0)
+class MatchesReferenceTest(chex.TestCase):
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_matches_reference_values_and_probs(self):
+    q, k, v = qkv()
+    o, p = self.variant(lambda q, k, v: visual_attention(q, k, v, VALID, return_probs=True))(
+        q, k, v)
+    o_ref = jax.jit(visual_attention_reference)(q, k, v, VALID)
+    chex.assert_trees_all_close(o, o_ref, rtol=1e-5, atol=1e-6)
+    p = np.asarray(p)
+    np.testing.assert_allclose(p[:2].sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(p[1, ..., 4:], 0.0)
+    np.testing.assert_array_equal(p[2], 0.0)
+    np.testing.assert_array_equal(np.asarray(o[2]), 0.0)
 
-def test_matches_reference_gradients():
-  q, k, v = qkv(1)
-  w = jax.random.normal(jax.random.key(9), (B, T, HQ, DH))
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_matches_reference_gradients(self):
+    q, k, v = qkv(1)
+    w = jax.random.normal(jax.random.key(9), (B, T, HQ, DH))
 
-  def loss(fn):
-    return lambda q, k, v: jnp.sum(w * jnp.tanh(fn(q, k, v, VALID)))
+    def loss(fn):
+      return lambda q, k, v: jnp.sum(w * jnp.tanh(fn(q, k, v, VALID)))
 
-  g = jax.jit(jax.grad(loss(visual_attention), argnums=(0, 1, 2)))(q, k, v)
-  g_ref = jax.jit(jax.grad(loss(visual_attention_reference), argnums=(0, 1, 2)))(q, k, v)
-  for name, a, b in zip("qkv", g, g_ref, strict=True):
-    assert np.all(np.isfinite(np.asarray(a))), name
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6, err_msg=name)
-  # Padding tokens and the empty image receive no gradient.
-  np.testing.assert_array_equal(np.asarray(g[1][1, 4:]), 0.0)
-  np.testing.assert_array_equal(np.asarray(g[2][2]), 0.0)
+    g = self.variant(jax.grad(loss(visual_attention), argnums=(0, 1, 2)))(q, k, v)
+    g_ref = jax.jit(jax.grad(loss(visual_attention_reference), argnums=(0, 1, 2)))(q, k, v)
+    chex.assert_tree_all_finite(g)
+    chex.assert_trees_all_close(dict(zip("qkv", g, strict=True)),
+                                dict(zip("qkv", g_ref, strict=True)), rtol=1e-4, atol=1e-6)
+    # Padding tokens and the empty image receive no gradient.
+    no_grad = {"k_padding": g[1][1, 4:], "v_empty_image": g[2][2]}
+    chex.assert_trees_all_equal(no_grad, jax.tree.map(jnp.zeros_like, no_grad))
 
 
 def test_hand_computed_single_head():

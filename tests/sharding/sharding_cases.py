@@ -1,10 +1,12 @@
 """Shared cases of the sharding tests: a tiny layer, packed inputs, comparisons."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tree_checks import relative_to_reference
 
-from experiments.bench.multihost import (
+from experiments.tools.bench.multihost import (
   CHECK_CONFIG,
   check_inputs,
   check_layer,
@@ -40,12 +42,11 @@ def mesh(**axes):
 
 
 def assert_close(got: dict, want: dict, *, rtol=2e-5):
-  """Every entry equal up to float32 reordering, relative to its own scale."""
+  """Every entry equal up to float32 reordering, relative to its own scale:
+  |got - want| <= rtol·max(max|want|, 1e-12/rtol) + rtol·|want|."""
   assert got.keys() == want.keys()
-  for key in want:
-    scale = float(np.max(np.abs(want[key]))) if want[key].size else 0.0
-    np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=rtol * scale + 1e-12,
-                               err_msg=key)
+  chex.assert_trees_all_close(*relative_to_reference(got, want, floor=1e-12 / rtol),
+                              rtol=rtol, atol=rtol)
 
 
 def has_spec(array, *spec):

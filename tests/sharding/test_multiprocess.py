@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sharding_cases import assert_close
 
-from experiments.bench.multihost import reference_step
+from experiments.tools.bench.multihost import reference_step
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -21,7 +21,7 @@ def test_two_processes_equal_one(tmp_path, child_env, local_address):
   out = tmp_path / "sharded.npz"
   procs = []
   for process_id in range(2):
-    cmd = [sys.executable, "-m", "experiments.bench.multihost", "--coordinator", local_address,
+    cmd = [sys.executable, "-m", "experiments.tools.bench.multihost", "--coordinator", local_address,
            "--num-processes", "2", "--process-id", str(process_id), "--mode", "route_parallel",
            "--data", "1", "--seq", "2", "--timeout", "120", "--out", str(out)]
     log = open(tmp_path / f"process{process_id}.log", "w")  # closed in `finally`

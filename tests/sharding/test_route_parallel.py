@@ -1,6 +1,7 @@
 """Route-parallel readout (partial softmax states, log-sum-exp merge, sink once)
 == the unsharded absorbed readout, and the route-parallel layer == LngramV2."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,12 +34,12 @@ def _readout_problem():
           f32(B, T, HQ, DH))
 
 
-def _readout_grads(readout, q, mem, w_k, w_v, cot):
+def _readout_grads(readout, q, mem, w_k, w_v, cot, wrap=jax.jit):
   def loss(q, mem, w_k, w_v):
     o, lse = readout(q, mem, w_k, w_v)
     return jnp.sum(o * cot) + jnp.sum(jnp.sin(lse)), (o, lse)
 
-  (_, (o, lse)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
+  (_, (o, lse)), grads = wrap(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
       q, mem, w_k, w_v)
   out = {"o": o, "lse": lse}
   out.update({f"grad_{name}": g for name, g in zip(["q", "mem", "w_k", "w_v"], grads,
@@ -46,16 +47,20 @@ def _readout_grads(readout, q, mem, w_k, w_v, cot):
   return jax.tree.map(np.asarray, out)
 
 
-def test_route_parallel_readout_equals_absorbed():
-  q, mem, w_k, w_v, cot = _readout_problem()
-  b0 = sink_logit(R, 0.5)
-  want = _readout_grads(lambda *a: absorbed_readout(*a, sink_logit=b0, return_lse=True),
-                        q, mem, w_k, w_v, cot)
-  m = mesh(data=2, table=4)  # 4 routes per shard
-  got = _readout_grads(lambda *a: sharded_readout(*a, sink_logit=b0, mesh=m),
-                       q, mem, w_k, w_v, cot)
-  assert_close(got, want)
-  assert_nonzero(want, ["grad_q", "grad_mem", "grad_w_k", "grad_w_v"])
+class RouteParallelReadoutTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_route_parallel_readout_equals_absorbed(self):
+    q, mem, w_k, w_v, cot = _readout_problem()
+    b0 = sink_logit(R, 0.5)
+    want = _readout_grads(lambda *a: absorbed_readout(*a, sink_logit=b0, return_lse=True),
+                          q, mem, w_k, w_v, cot)
+    m = mesh(data=2, table=4)  # 4 routes per shard
+    got = _readout_grads(lambda *a: sharded_readout(*a, sink_logit=b0, mesh=m),
+                         q, mem, w_k, w_v, cot, wrap=self.variant)
+    chex.assert_tree_all_finite(got)
+    assert_close(got, want)
+    assert_nonzero(want, ["grad_q", "grad_mem", "grad_w_k", "grad_w_v"])
 
 
 def test_merge_counts_the_sink_once():

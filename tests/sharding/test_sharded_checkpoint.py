@@ -1,5 +1,6 @@
 """Parameters born sharded; plain orbax save on 8 devices, restore on 4 and on 1."""
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -31,8 +32,7 @@ def test_parameters_are_created_in_their_shards(saved):
   assert has_spec(layer.router_w[...], None, "table")
   assert has_spec(layer.w_q[...])
   plain = reference_layer(wake=False)  # the same seed, on one device
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8),
-               _params(layer), _params(plain))
+  chex.assert_trees_all_close(_params(layer), _params(plain), rtol=1e-6, atol=1e-8)
 
 
 def test_restore_onto_four_devices_and_onto_one(saved):
@@ -47,7 +47,7 @@ def test_restore_onto_four_devices_and_onto_one(saved):
   assert has_spec(four.router_w[...])  # the generic form keeps it whole
   assert one.tables[0][...].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
   for restored in (four, one):
-    jax.tree.map(np.testing.assert_array_equal, _params(restored), _params(layer))
+    chex.assert_trees_all_equal(_params(restored), _params(layer))
 
   # The restored layers run and agree, diagnostics included.
   inputs = packed_inputs()
@@ -75,7 +75,7 @@ def test_relative_paths_are_made_absolute(tmp_path, monkeypatch):
 def test_a_layer_checkpoint_of_the_earlier_format_still_restores(saved, tmp_path):
   """Layer checkpoints used to be written through the run Checkpointer (params, config
   and meta with digests); plain orbax reads them onto another mesh. The digests
-  themselves are the trainer's (tests/experiments/test_checkpoint.py: a flipped byte in
+  themselves are the trainer's (tests/experiments/trainer/test_checkpoint.py: a flipped byte in
   a shard is caught on another mesh)."""
   from experiments.trainer.checkpoint import Checkpointer
 

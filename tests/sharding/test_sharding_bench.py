@@ -3,7 +3,7 @@ and the forward bytes of both forms against their closed forms."""
 
 from sharding_cases import CONFIG
 
-from experiments.bench.sharding import collective_bytes, hlo_bytes
+from experiments.tools.bench.sharding import collective_bytes, hlo_bytes
 from lngram_jax.sharding import ShardingConfig, make_mesh
 
 HLO = """

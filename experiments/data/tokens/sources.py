@@ -155,7 +155,11 @@ class BadText:
 
 
 def _parquet_docs(path: str, text_field: str) -> Iterator[tuple[str, bytes | str]]:
-  import pyarrow.parquet as pq
+  try:
+    import pyarrow.parquet as pq
+  except ModuleNotFoundError:
+    raise TokenDataError(f"{path}: reading parquet needs pyarrow: pip install "
+                         "'lngram-jax[data]'.") from None
 
   try:
     file = pq.ParquetFile(path)

@@ -1,8 +1,10 @@
 """Tokenizers of token data: "bytes", a `tokenizer.json`, and training a byte-level BPE.
 
 A tokenizer is named by a spec: "bytes" (ids are the UTF-8 bytes, vocabulary
-256, no EOS: the byte-level stack's own tokens), a `tokenizer.json` file, or a
-directory holding one (a model checkpoint). Its digest is the sha256 of its
+256, no EOS: the byte-level stack's own tokens), a `tokenizer.json` file, a
+directory holding one (a model checkpoint), or a Hugging Face hub id
+(`Qwen/Qwen3-0.6B[@revision]`: its tokenizer files, fetched into the hub's
+cache or found there). Its digest is the sha256 of its
 JSON with sorted keys, so a re-serialised file keeps its digest.
 
 EOS/BOS convention of token data: each document is its tokens without the
@@ -33,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -75,14 +78,26 @@ class TokenizerInfo:
 
 
 def tokenizer_file(spec: str) -> Path:
-  """The tokenizer.json a spec names (a file, or a directory holding one)."""
+  """The tokenizer.json a spec names (a file, a directory holding one, or a Hugging Face
+  hub id `org/name[@revision]`, whose tokenizer files alone are fetched into the hub's
+  cache or found there: experiments/hf/hub.py)."""
   path = Path(spec).expanduser()
+  if not path.exists() and not spec.endswith(".json") and _is_hub_id(spec):
+    from experiments.hf.hub import resolve_checkpoint
+    path = resolve_checkpoint(spec, what="tokenizer")
   if path.is_dir():
     path = path / FILE
   if not path.is_file():
     raise TokenDataError(f"--tokenizer={spec!r}: no {FILE} there; pass a {FILE}, a "
-                         f"directory holding one, or {BYTES!r}.")
+                         f"directory holding one, a Hugging Face hub id (org/name) or "
+                         f"{BYTES!r}.")
   return path
+
+
+def _is_hub_id(spec: str) -> bool:
+  """Whether `spec` may be a hub id, org/name[@revision] (a loose check without importing
+  experiments.hf, which loads jax; experiments/hf/hub.py checks the hub's rules)."""
+  return re.fullmatch(r"[\w.\-]+/[\w.\-]+(@\S+)?", spec, re.ASCII) is not None
 
 
 def _load(path: Path):

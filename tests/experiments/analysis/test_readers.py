@@ -117,6 +117,27 @@ def test_surface_reader_falls_back_to_the_byte_then_the_overall_rate():
   np.testing.assert_allclose(scores[2], labels.mean(0))
 
 
+def test_surface_readers_and_strata_keep_token_ids_apart():
+  """Token runs' surface features are token ids (records.py): pairs and the
+  nuisance x current-id cells never merge two ids however large they are."""
+  ref, held = _pair("random")
+  # (1, 511) and (2, -1) would share a key at a byte run's width (512).
+  ref.surface[:] = [[1, 511]]
+  ref.surface[:100] = [[2, -1]]
+  held.surface[:2] = [[1, 511], [2, -1]]
+  scores = id_readers.reader_scores(ref, held, np.arange(2), LAYER, "surface")["local"]
+  labels = ref.targets["local"][1]
+  np.testing.assert_allclose(scores[0], labels[100:].mean(0))
+  np.testing.assert_allclose(scores[1], labels[:100].mean(0))
+  ref.nuisance[:] = 0
+  ref.surface[:, 0] = np.where(np.arange(len(ref.surface)) % 2, 257, 0)
+  strata = id_readers.permutation_strata(ref, "nuisance_byte")
+  assert len(np.unique(strata)) == 2   # ids 0 and 257, one stratum
+  # A byte run's cells are numbered as before (stratum x 257 + byte + 1).
+  ref.surface[:, 0] = 5
+  np.testing.assert_array_equal(id_readers.permutation_strata(ref, "nuisance_byte"), 6)
+
+
 def test_sample_queries_is_seeded_and_sorted():
   _, held = _pair("random")
   a = id_readers.sample_queries(held, 50, seed=3)

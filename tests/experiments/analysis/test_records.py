@@ -184,3 +184,53 @@ def test_a_failed_save_keeps_the_old_records(reference, tmp_path, monkeypatch):
   assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == [path.name]
   monkeypatch.undo()
   assert records_lib.load_records(path).split == reference.split
+
+
+def _token_doc(path, pieces, ids):
+  lengths = np.array([len(p) for p in pieces], np.int64)
+  ends = np.cumsum(lengths)
+  return records_lib.TokenDoc(path, np.asarray(ids, np.int32), b"".join(pieces),
+                              ends - lengths, ends)
+
+
+def test_token_documents_of_byte_ids_are_read_as_the_byte_files(reference):
+  """Token data prepared with "bytes" (a token is its byte) gives the byte run's records."""
+  docs = [_token_doc(path, [bytes([b]) for b in data], list(data)) for path, data in FILES]
+  tokens = records_lib.collect_records(_model(), docs, split="reference", seq_len=SEQ_LEN,
+                                       max_positions=60, seed=3, progress=False, batch_size=4)
+  assert reference.meta["unit"] == "byte" and tokens.meta["unit"] == "token"
+  assert (tokens.files, tokens.skipped_files) == (reference.files, reference.skipped_files)
+  for name in ("file_ids", "offsets", "nuisance", "surface"):
+    np.testing.assert_array_equal(getattr(tokens, name), getattr(reference, name))
+  assert tokens.concept_names() == reference.concept_names()
+  for level, (_, labels) in reference.targets.items():
+    np.testing.assert_array_equal(tokens.targets[level][1], labels)
+  for layer in reference.layers:
+    np.testing.assert_array_equal(tokens.codes[layer], reference.codes[layer])
+    np.testing.assert_allclose(tokens.h[layer], reference.h[layer], rtol=1e-6, atol=1e-6)
+
+
+def test_a_token_s_features_and_targets_come_from_its_bytes():
+  """A token run's positions are tokens: the surface is token ids; column, line and the
+  labels those of the token's bytes (its first byte, its first labelled byte)."""
+  pieces = [b"import", b" os", b"\n\n", b"x", b" =", b" 10", b"\n"]
+  ids = [40, 41, 42, 43, 44, 45, 42]
+  rec = records_lib.collect_records(_model(), [_token_doc("t.py", pieces, ids)],
+                                    split="heldout", seq_len=4, max_positions=None, seed=0,
+                                    progress=False, batch_size=4)
+  assert rec.offsets.tolist() == list(range(7)) and rec.meta["unit"] == "token"
+  assert rec.surface[:, 0].tolist() == ids
+  assert rec.surface[:, 1].tolist() == [-1] + ids[:-1]
+  column = [0, 6, 9, 0, 1, 3, 6]   # of each token's first byte; "\n\n" ends line 0
+  line = [0, 0, 0, 2, 2, 2, 2]
+  np.testing.assert_array_equal(rec.nuisance, records_lib.nuisance_strata(
+      column, line, np.arange(7) % 4))
+  names, local = rec.targets["local"]
+  assert [names[i] if row.any() else None for row, i in zip(local, local.argmax(1),
+                                                             strict=True)] == [
+      "import", "NAME", None, "NAME", "OP", "NUMBER", None]
+  names, statement = rec.targets["statement"]
+  assert [names[i] for i in statement.argmax(1)] == ["Import"] * 3 + ["Assign"] * 4
+  assert rec.targets["document"][0] == ["os"] and rec.targets["document"][1].all()
+  # Layer 0 reads the embedding of the current token id.
+  np.testing.assert_allclose(rec.h[0], np.asarray(_model().embed.table[...])[ids], rtol=1e-6)

@@ -1,4 +1,4 @@
-"""experiments.analysis.stats: hand cases and known values for every statistic."""
+"""experiments.analysis.stats: hand cases, published values and scipy's for every statistic."""
 
 import math
 
@@ -8,6 +8,7 @@ from scipy import stats as sps
 
 from experiments.analysis import stats
 
+# --- ranking and multiple testing ----------------------------------------------------------
 
 def _ap_loop(scores, labels):
   """sklearn's definition written out: one step per distinct threshold, highest first."""
@@ -69,6 +70,193 @@ def test_bh_adjust_matches_scipy():
   np.testing.assert_allclose(stats.bh_adjust(p), sps.false_discovery_control(p, method="bh"))
 
 
+def test_holm_matches_r_and_skips_nan():
+  # p.adjust(c(0.01, 0.04, 0.03, 0.005), "holm") = 0.03 0.06 0.06 0.02
+  assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  got = stats.holm([0.01, math.nan, 0.02])
+  assert got[0] == pytest.approx(0.02) and math.isnan(got[1]) and got[2] == pytest.approx(0.02)
+  assert stats.holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])   # capped at 1, monotone
+
+
+# --- tests over seeds ----------------------------------------------------------------------
+
+def _diffs_with_t(t, df):
+  """df + 1 differences whose paired t statistic is `t` (sd 1, mean t / sqrt(n))."""
+  x = np.arange(df + 1, dtype=np.float64)
+  z = (x - x.mean()) / x.std(ddof=1)
+  return z + t / math.sqrt(df + 1)
+
+
+def _t_975(df):
+  """t_{0.975, df} as paired_t's CI uses it: the CI's half-width over the standard error."""
+  r = stats.paired_t(_diffs_with_t(1.0, df))
+  return (r["ci"][1] - r["mean"]) / r["se"]
+
+
+@pytest.mark.parametrize("t, df, want", [
+    (0.0, 3, 0.5), (1.0, 1, 0.75),                   # Cauchy: 1/2 + atan(t)/pi
+    (2.0, 4, 0.9419417382415922),                    # scipy.stats.t.cdf(2, 4)
+    (-2.5, 10, 0.01572342211830441),               # scipy.stats.t.cdf(-2.5, 10)
+    (1.5, 2, 1 / 2 + 1.5 / (2 * math.sqrt(2 + 1.5 ** 2))),   # closed form at df = 2
+])
+def test_paired_t_p_is_the_t_distribution_at_known_values(t, df, want):
+  # want = P(T <= t) with df degrees of freedom; the two-sided p is twice the smaller tail.
+  d = _diffs_with_t(t, df)
+  r = stats.paired_t(d)
+  assert r["t"] == pytest.approx(t, abs=1e-12) and r["df"] == df
+  assert r["p"] == pytest.approx(2 * min(want, 1 - want), abs=1e-12)
+  assert r["p"] == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, abs=1e-12)
+
+
+@pytest.mark.parametrize("df, want", [
+    (1, 12.706204736174694), (4, 2.7764451051977987), (29, 2.045229642132703)])
+def test_paired_t_ci_is_the_t_quantile_and_inverts_the_test(df, want):
+  d = _diffs_with_t(0.7, df)
+  r = stats.paired_t(d)
+  assert _t_975(df) == pytest.approx(want, abs=1e-9)
+  assert (r["ci"][1] - r["mean"]) / r["se"] == pytest.approx(want, abs=1e-9)
+  assert r["mean"] - r["ci"][0] == pytest.approx(r["ci"][1] - r["mean"], rel=1e-12)
+  # The CI's edges are where the test's p reaches alpha = 0.05.
+  for edge in r["ci"]:
+    assert stats.paired_t(d - edge)["p"] == pytest.approx(0.05, abs=1e-12)
+
+
+def test_paired_t_by_hand():
+  d = [1.0, 2.0, 3.0, 4.0, 5.5]
+  r = stats.paired_t(d)
+  sd = np.std(d, ddof=1)
+  assert (r["n"], r["df"]) == (5, 4) and r["mean"] == pytest.approx(3.1)
+  assert r["t"] == pytest.approx(3.1 / (sd / math.sqrt(5)))
+  assert r["p"] == pytest.approx(2 * (1 - sps.t.cdf(r["t"], 4)))
+  assert r["p"] == pytest.approx(0.016550539701, abs=1e-9)   # scipy.stats.ttest_1samp
+  half = 2.7764451051977987 * sd / math.sqrt(5)
+  assert r["ci"] == pytest.approx((3.1 - half, 3.1 + half))
+  assert math.isnan(stats.paired_t([1.0])["p"]) and stats.paired_t([])["n"] == 0
+  assert stats.paired_t([0.2, 0.2, 0.2])["p"] == 0.0
+
+
+def test_exact_sign_flip_and_sign_tests():
+  # n = 3: the 8 signed sums of (1, -1, 2) are ±2, ±2, ±4, 0, 0; |sum| >= |2| in 6.
+  assert stats.sign_flip_p([1.0, -1.0, 2.0]) == pytest.approx(6 / 8)
+  assert stats.sign_flip_p([1, 2, 3, 4, 5]) == pytest.approx(2 / 32) == stats.min_flip_p(5)
+  assert stats.sign_test_p([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)
+  assert stats.sign_test_p([1, -2, 3, 0]) == pytest.approx(1.0)   # 2 of 3, zero dropped
+  assert stats.sign_test_p([1, 2, 3, 4, -5, 6]) == pytest.approx(2 * 7 / 64)
+
+
+# G*Power 3.1 ("t tests - Means: difference from constant (one sample case)", two tails,
+# α 0.05): the actual power it prints for these (n, effect size dz) pairs.
+@pytest.mark.parametrize("n, dz, want", [(34, 0.5, 0.8077775), (10, 1.0, 0.8030969)])
+def test_t_power_matches_published_values(n, dz, want):
+  assert stats.t_power(dz, 1.0, n) == pytest.approx(want, abs=5e-7)
+  assert stats.t_power(dz * 0.03, 0.03, n) == pytest.approx(want, abs=5e-7)   # effect / sd
+
+
+def _simulated_power(effect, sd, n, alpha, *, one_sided=False, draws=200_000, seed=0):
+  """Share of simulated paired samples whose t-test rejects (the test the report runs)."""
+  d = np.random.default_rng(seed).normal(effect, sd, size=(draws, n))
+  t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+  if one_sided:
+    return float(np.mean(t > sps.t.ppf(1 - alpha, n - 1)))
+  return float(np.mean(np.abs(t) > sps.t.ppf(1 - alpha / 2, n - 1)))
+
+
+@pytest.mark.parametrize("n, alpha", [(3, 0.05 / 21), (5, 0.05 / 21), (3, 0.05), (5, 0.05)])
+def test_minimum_detectable_effect_has_the_power_it_claims(n, alpha):
+  mde = stats.min_detectable_effect(0.02, n, alpha=alpha)
+  assert stats.t_power(mde, 0.02, n, alpha) == pytest.approx(0.8, abs=1e-9)
+  assert _simulated_power(mde, 0.02, n, alpha) == pytest.approx(0.8, abs=0.004)
+  # The normal-shift shortcut it replaces is smaller, and has less than 80% power.
+  old = (sps.t.ppf(1 - alpha / 2, n - 1) + sps.t.ppf(0.8, n - 1)) * 0.02 / math.sqrt(n)
+  assert old < mde and stats.t_power(old, 0.02, n, alpha) < 0.8
+
+
+def test_minimum_detectable_effect_edges_and_one_sided():
+  assert math.isnan(stats.min_detectable_effect(0.02, 1))
+  assert math.isnan(stats.min_detectable_effect(math.nan, 5))
+  assert stats.min_detectable_effect(0.0, 5) == 0.0
+  assert stats.min_detectable_effect(0.02, 5, alpha=0.0025) > stats.min_detectable_effect(0.02, 5)
+  assert stats.min_detectable_effect(1.0, 5, power=0.01) == 0.0   # below the test's size
+  # Scales with sd; more seeds detect less.
+  assert stats.min_detectable_effect(0.04, 5) == pytest.approx(
+      2 * stats.min_detectable_effect(0.02, 5))
+  assert stats.min_detectable_effect(0.02, 10) < stats.min_detectable_effect(0.02, 5)
+  one = stats.min_detectable_effect(0.02, 4, alternative="greater")
+  assert one < stats.min_detectable_effect(0.02, 4)
+  assert _simulated_power(one, 0.02, 4, 0.05, one_sided=True) == pytest.approx(0.8, abs=0.004)
+  with pytest.raises(ValueError):
+    stats.min_detectable_effect(0.02, 5, alternative="less")
+
+
+def test_power_and_mde_agree_with_statsmodels():
+  """statsmodels' TTestPower where it is finite: its lower tail is scipy's nct.cdf, NaN
+  deep in the tail (scipy 1.17), and its solver then stops at a wrong root at α = 0.05/21
+  (n = 5: 2.94, whose simulated power is 0.54); so the MDE is compared at α = 0.05."""
+  power = pytest.importorskip("statsmodels.stats.power").TTestPower()
+  for n, alpha, effect in ((3, 0.05 / 21, 5.0), (5, 0.05 / 21, 2.0), (8, 0.01, 1.2),
+                           (5, 0.05, 0.7)):
+    want = power.power(effect, n, alpha, alternative="two-sided")
+    if math.isfinite(want):
+      assert stats.t_power(effect, 1.0, n, alpha) == pytest.approx(want, rel=1e-8)
+  for n in (3, 5, 10):
+    want = power.solve_power(nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+    assert stats.min_detectable_effect(1.0, n) == pytest.approx(want, rel=1e-5)
+
+
+def test_noninferiority_t_is_scipy_s_one_sided_test_against_the_margin():
+  d = np.array([-0.004, 0.003, -0.001, 0.002, -0.006])
+  r = stats.noninferiority_t(d, 0.01)
+  want = sps.ttest_1samp(d, -0.01, alternative="greater")
+  assert r["p"] == pytest.approx(want.pvalue, rel=1e-10)
+  assert r["t"] == pytest.approx(want.statistic, rel=1e-10) and r["null"] == -0.01
+  assert r["p_two_sided"] == pytest.approx(sps.ttest_1samp(d, -0.01).pvalue, rel=1e-10)
+  # The one-sided 95% lower bound clears -margin exactly when p < 0.05.
+  assert r["lower"] == pytest.approx(want.confidence_interval(0.95).low, rel=1e-10)
+  assert (r["lower"] > -0.01) == (r["p"] < 0.05)
+  # Far worse than the margin: p near 1, and the verdict reads "reversed" (worse beyond it).
+  bad = stats.noninferiority_t(d - 0.05, 0.01)
+  assert bad["p"] > 0.99 and stats.verdict(bad, bad["p_two_sided"]) == "reversed"
+  assert stats.verdict(r, r["p_two_sided"]) == "supported"
+  # Equal differences, tiny samples, a margin that is not positive.
+  assert stats.noninferiority_t([0.0, 0.0, 0.0], 0.01)["p"] == 0.0
+  assert math.isnan(stats.noninferiority_t([0.1], 0.01)["p"])
+  with pytest.raises(ValueError):
+    stats.noninferiority_t(d, 0.0)
+
+
+def test_tost_is_the_larger_of_two_scipy_one_sided_tests():
+  d = np.array([0.001, -0.002, 0.0015, 0.0005, -0.001])
+  r = stats.tost(d, -0.01, 0.01)
+  lo = sps.ttest_1samp(d, -0.01, alternative="greater").pvalue
+  hi = sps.ttest_1samp(d, 0.01, alternative="less").pvalue
+  assert (r["p_low"], r["p_high"]) == (pytest.approx(lo, rel=1e-10), pytest.approx(hi, rel=1e-10))
+  assert r["p"] == pytest.approx(max(lo, hi), rel=1e-10) and r["p"] < 0.05
+  # Equivalent at α exactly when the (1 - 2α) CI lies inside the bounds.
+  assert -0.01 < r["ci"][0] < r["ci"][1] < 0.01
+  wide = stats.tost(d * 20, -0.01, 0.01)
+  assert wide["p"] > 0.05 and not (-0.01 < wide["ci"][0] and wide["ci"][1] < 0.01)
+  assert math.isnan(stats.tost([0.1], -1, 1)["p"])
+  with pytest.raises(ValueError):
+    stats.tost(d, 0.01, -0.01)
+
+
+def test_paired_t_against_a_nonzero_null():
+  d = [1.0, 2.0, 3.0, 4.0, 5.5]
+  assert stats.paired_t(d, null=1.0)["p"] == pytest.approx(sps.ttest_1samp(d, 1.0).pvalue)
+  assert stats.paired_t(d, null=1.0)["ci"] == stats.paired_t(d)["ci"]
+  assert stats.paired_t([0.2, 0.2], null=0.2)["p"] == 1.0
+
+
+def test_verdicts_follow_the_numbers():
+  ok = stats.paired_t([0.05, 0.06, 0.04, 0.05, 0.055])
+  assert stats.verdict(ok, 0.01) == "supported"
+  assert stats.verdict(stats.paired_t([-0.05, -0.06, -0.04]), 0.01) == "reversed"
+  assert stats.verdict(ok, 0.2) == "not shown"
+  assert stats.verdict(stats.paired_t([0.1]), math.nan) == "pending"
+
+
+# --- counts --------------------------------------------------------------------------------
+
 def test_permutation_p_and_bounds():
   assert stats.permutation_p(5.0, [1, 2, 5, 6]) == pytest.approx(3 / 5)
   null = np.linspace(0, 1, 500)
@@ -104,6 +292,8 @@ def test_binomial_test_rejects_exactly_when_the_interval_excludes_p0():
   assert excludes.any() and not excludes.all()
 
 
+# --- resampling documents ------------------------------------------------------------------
+
 def test_bootstrap_is_document_level_and_seeded():
   rng = np.random.default_rng(2)
   doc_values = rng.normal(size=200)
@@ -131,6 +321,53 @@ def test_bootstrap_columns_share_resamples():
   const = stats.bootstrap_mean_ci(np.full(10, 0.25), np.arange(10) % 3, n_boot=100)
   assert const == pytest.approx((0.25, 0.25, 0.25))
 
+
+def test_document_bootstrap_ci():
+  tokens = np.array([100.0, 200.0, 300.0])
+  # The same nats difference per token in every document: every resample gives it.
+  delta = np.stack([tokens * 0.1, tokens * 0.3])          # seeds 0.1 and 0.3 nats/token
+  point, lo, hi = stats.doc_bootstrap_ci(delta, tokens)
+  assert point == pytest.approx(0.2 / math.log(2)) and lo == pytest.approx(hi)
+  assert lo == pytest.approx(point)
+  # Documents that disagree give a spread that holds the point.
+  delta = np.array([[10.0, -5.0, 40.0]])
+  point, lo, hi = stats.doc_bootstrap_ci(delta, tokens, n_boot=4000)
+  assert lo < point < hi and point == pytest.approx(45 / 600 / math.log(2))
+  with pytest.raises(ValueError, match="must be"):
+    stats.doc_bootstrap_ci(np.zeros((2, 4)), tokens)
+
+
+def test_document_bootstrap_ci_is_the_mean_bootstrap_in_bits():
+  # One document bootstrap: the seed-mean nats of each document spread over its tokens,
+  # as positions, give bootstrap_mean_ci the same resamples and the same interval in nats.
+  rng = np.random.default_rng(6)
+  tokens = rng.integers(1, 40, 25)
+  delta_SxD = rng.normal(size=(3, 25)) * tokens
+  bits = stats.doc_bootstrap_ci(delta_SxD, tokens, n_boot=700, seed=2)
+  per_token = np.repeat(delta_SxD.mean(0) / tokens, tokens)
+  nats = stats.bootstrap_mean_ci(per_token, np.repeat(np.arange(25), tokens), n_boot=700, seed=2)
+  assert tuple(bits) == pytest.approx(tuple(np.array(nats) / math.log(2)), rel=1e-9)
+  # The draws do not depend on how many are drawn at once.
+  assert stats.doc_bootstrap_ci(delta_SxD, tokens, n_boot=700, seed=2, chunk=64) == bits
+
+
+def test_group_bootstrap_point_strata_and_errors():
+  delta = np.array([[0.1, 0.3, 0.5, 0.7], [0.3, 0.1, 0.7, 0.5]])   # seed means .2 .2 .6 .6
+  groups = ["a", "a", "b", "b"]
+  point, lo, hi = stats.group_bootstrap_ci(delta, groups, {"*": 1.0})
+  assert point == pytest.approx(0.4) and lo <= point <= hi
+  # b minus a: each stratum is constant after the seed mean, so every resample agrees.
+  point, lo, hi = stats.group_bootstrap_ci(delta, groups, {"b": 1.0, "a": -1.0})
+  assert point == pytest.approx(0.4) and lo == pytest.approx(0.4) and hi == pytest.approx(0.4)
+  # Resampling all items together would mix the strata; the interval is then wide.
+  _, lo, hi = stats.group_bootstrap_ci(delta, groups, {"*": 1.0})
+  assert hi - lo > 0.1
+  assert all(math.isnan(x) for x in stats.group_bootstrap_ci(delta, groups, {"c": 1.0}))
+  with pytest.raises(ValueError, match=r"\[S, N\]"):
+    stats.group_bootstrap_ci(delta[0], groups, {"*": 1.0})
+
+
+# --- code use ------------------------------------------------------------------------------
 
 def test_histogram_stats_known_distributions():
   out = stats.histogram_stats([[5, 5, 5, 5], [2, 1, 1, 0], [7, 0, 0, 0]])

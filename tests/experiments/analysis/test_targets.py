@@ -98,3 +98,25 @@ def test_offsets_are_bytes_for_other_encodings_bom_and_crlf():
   assert _at(found, crlf, b"y") == ("NAME", "Assign")
   assert _at(found, crlf, b"if") == ("if", "If")
   assert found.local[crlf.index(b"\r")] == -1
+
+
+def test_a_token_takes_the_first_label_among_its_bytes():
+  from experiments.analysis.targets import SourceTargets, token_targets
+
+  # Bytes:     0   1   2  3  4   5
+  byte = np.array([-1, -1, 3, 4, -1, 7], np.int16)
+  found = SourceTargets(local=byte, statement=byte[::-1].copy(), imports=("os",))
+  # Tokens: leading whitespace then a label; one label; no label; empty (an EOS); the end.
+  starts, ends = np.array([0, 3, 4, 4, 5]), np.array([3, 4, 5, 4, 6])
+  tokens = token_targets(found, starts, ends)
+  assert tokens.local.tolist() == [3, 4, -1, -1, 7]
+  assert tokens.statement.tolist() == [7, 3, -1, -1, -1]   # bytes 7, -1, 4, 3, -1, -1
+  assert tokens.imports == ("os",) and tokens.local.dtype == np.int16
+  # Over the hand-labelled file, cut into tokens: each carries its first labelled byte.
+  source, local, _ = _expected(PIECES)
+  found = extract_targets(source)
+  cuts = np.arange(0, len(source), 3)
+  tokens = token_targets(found, cuts, np.append(cuts[1:], len(source)))
+  for t, (a, b) in enumerate(zip(cuts, np.append(cuts[1:], len(source)), strict=True)):
+    labelled = [x for x in local[a:b] if x >= 0]
+    assert tokens.local[t] == (labelled[0] if labelled else -1)

@@ -14,7 +14,7 @@ from test_hf_runs import hf_lngram_config
 
 from experiments.cli import run_main
 from experiments.hf.backbone import with_hf_backbone
-from experiments.tasks.sample import decode
+from experiments.jobs.lm.sample import decode
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -40,7 +40,7 @@ def test_sampling_a_run_without_its_tokenizer_is_refused(llama_run, capsys):
 
 def test_prompt_ids_past_the_vocabulary_are_refused(llama_run):
   from experiments import restore
-  from experiments.tasks.sample import sample_text
+  from experiments.jobs.lm.sample import sample_text
   model, _ = restore(llama_run)
 
   class Wide:   # a tokenizer larger than the model's 96 ids

@@ -37,7 +37,7 @@ WRAPPER = r"""
 import importlib, os, signal, sys, time
 from pathlib import Path
 module, name, n, action = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-import experiments.hf.export, experiments.hf.run_dir, experiments.hf.qwen3vl_export
+import experiments.hf.export, experiments.jobs.hf_runs, experiments.hf.qwen3vl.export
 real = getattr(importlib.import_module(module), name)
 calls = [0]
 def wrapped(*args, **kwargs):
@@ -119,9 +119,9 @@ def _lm_run(workdir: Path, arm: str) -> None:
   from flax import nnx
 
   from experiments.configs import load_config
+  from experiments.jobs.saved import saved_config
   from experiments.models import DecoderLM
   from experiments.models.config import lm_config
-  from experiments.tasks.saved import saved_config
   from experiments.trainer.checkpoint import run_checkpointer
   experiment = load_config(arm)
   lm = lm_config(experiment)

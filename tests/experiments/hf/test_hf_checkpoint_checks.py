@@ -199,7 +199,7 @@ def test_export_of_a_branch_without_hf_form_names_what_it_leaves_out(tmp_path):
   # An Lngram v2 run's memory is exported (lngram_v2.safetensors): nothing to warn.
   lngram = tmp_path / "lngram"
   _lm_run(lngram, "lm_lngram.py:smoke")
-  from experiments.hf.export import export_hf
+  from experiments.jobs.hf_runs import export_hf
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     export_hf(lngram, tmp_path / "lngram_out")

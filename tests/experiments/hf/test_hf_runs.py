@@ -13,8 +13,8 @@ from experiments import restore
 from experiments.cli import run_main
 from experiments.configs import load_config
 from experiments.hf.backbone import with_hf_backbone
-from experiments.tasks import run_train
-from experiments.tasks.lm import lm_task
+from experiments.jobs import run_train
+from experiments.jobs.lm.task import lm_task
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -123,7 +123,7 @@ def test_export_hf_loads_in_transformers_and_imports_back_identical(hf_checkpoin
   from flax import nnx
 
   from experiments.hf import load_hf
-  from experiments.hf.export import export_hf
+  from experiments.jobs.hf_runs import export_hf
   path, _ = hf_checkpoints[family]
   run, out = tmp_path / "run", tmp_path / "exported"
   assert run_main(["lngram-exp", "import-hf", f"--hf_dir={path}", f"--workdir={run}"]) == 0

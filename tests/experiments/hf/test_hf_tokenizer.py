@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.cli import run_main
-from experiments.hf.tokenizer import cut_at_eos, eos_ids, hf_codec
+from experiments.jobs.lm.codec import cut_at_eos, eos_ids, hf_codec
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

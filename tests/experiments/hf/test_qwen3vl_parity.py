@@ -19,11 +19,11 @@ import pytest
 from experiments import restore
 from experiments.cli import run_main
 from experiments.hf import vlm_logits
-from experiments.hf.qwen3vl import load_qwen3vl
+from experiments.hf.qwen3vl.load import load_qwen3vl
 from experiments.hf.safetensors_io import HFCheckpointError
-from experiments.qwen3vl.generate import greedy_generate, greedy_generate_uncached, pack_right
-from experiments.qwen3vl.model import Qwen3VL
-from experiments.qwen3vl.positions import rope_index
+from experiments.vlm.qwen3vl.generate import greedy_generate, greedy_generate_uncached, pack_right
+from experiments.vlm.qwen3vl.model import Qwen3VL
+from experiments.vlm.qwen3vl.positions import rope_index
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

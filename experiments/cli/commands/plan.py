@@ -1,0 +1,137 @@
+"""`lngram-exp plan`: check the mesh, provide the host devices, plan, print.
+
+    lngram-exp plan --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=64
+                    [--accelerator=h100 --mfu=0.4 | --target=v5p:2x2x2] [--dump_hlo=F]
+
+Per-device memory, FLOPs, collective bytes and step time of a config on a mesh,
+compiled from shapes before any run (the library: experiments/plan, DESIGN.md §10.1).
+
+With `--target=<TPU topology>` the step is compiled by the TPU compiler for that
+topology's devices (experiments/plan/tpu.py; `pip install -e '.[tpu]'`), which need
+no host devices. Otherwise it
+compiles for as many XLA:CPU devices as the mesh has, on any machine:
+XLA makes N host devices when the CPU backend starts with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N`. When jax has not started a
+backend yet in this process (a plain `lngram-exp plan`) the flag and
+`jax_platforms=cpu` are set here, in process; otherwise (a backend already
+started with fewer CPU devices) the command reruns itself in a subprocess with
+that environment. Compiling on CPU also keeps an accelerator machine's memory
+untouched, and (with libtpu) once more for a TPU topology of as many devices,
+whose memory stands in for the chip's in the fit verdict. The mesh is checked
+against the config before either, so a mesh that does not divide the shapes is
+refused in a second.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+COMMANDS = {"plan": "per-device memory, FLOPs, collective bytes and step time of a config on "
+                    "a mesh, compiled from shapes before any run"}
+FLAGS_OF = {"plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo"}}
+REQUIRED_OF = {"plan": ("config",)}
+# (absl kind, name, default, lower bound, help); --config, --mesh: experiments/cli/flags.py.
+FLAGS = [
+    ("string", "accelerator", "h100", None, "plan: h100, h200, h800, tpu_v4, tpu_v5e, "
+     "tpu_v5p or tpu_v6e (the step time's peak FLOP/s and links); --target sets it."),
+    ("string", "target", None, None, "plan: compile with the TPU compiler for this "
+     "topology, e.g. v5e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2 (needs pip install -e "
+     "'.[tpu]'; the mesh must have its device count)."),
+    ("string", "dump_hlo", None, None, "plan: write the compiled program's text to this "
+     "file."),
+    ("float", "mfu", 0.4, None, "plan: the share of peak FLOP/s the step time assumes."),
+]
+DEVICES_FLAG = "--xla_force_host_platform_device_count"
+# The most host devices XLA:CPU compiles one program for (jaxlib 0.10.2: 2048 works; with
+# more, "Multiprocess computations aren't implemented on the CPU backend").
+MAX_CPU_DEVICES = 2048
+_CHILD = "LNGRAM_PLAN_SUBPROCESS"   # set in the rerun, so that it never reruns itself
+
+
+def _with_devices(flags: str, n: int) -> str:
+  flags = re.sub(rf"{DEVICES_FLAG}=\d+", "", flags or "")
+  return f"{flags} {DEVICES_FLAG}={n}".strip()
+
+
+def provide_cpu_devices(n: int) -> bool:
+  """True when this process can compile for `n` CPU devices (set up here if jax has
+  not started a backend yet); False when only a subprocess can."""
+  import jax
+  try:   # private, so guarded: unknown means "started" and leads to the subprocess
+    from jax._src import xla_bridge
+    started = xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    started = True
+  if not started:
+    os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), n)
+    jax.config.update("jax_platforms", "cpu")
+  try:
+    return len(jax.devices("cpu")) >= n
+  except RuntimeError:   # the CPU platform was left out of jax_platforms
+    return False
+
+
+def run(command: str, f, argv: list[str]) -> int:
+  del command
+  from experiments.jobs.checks import check_experiment_config
+  check_experiment_config(f.config)
+  name = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
+  return plan_command(f.config, f.mesh, accelerator=f.accelerator, mfu=f.mfu, target=f.target,
+                      dump_hlo=f.dump_hlo, accelerator_given=f["accelerator"].present,
+                      name=name, argv=argv)
+
+
+def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: float = 0.4,
+                 target: str | None = None, dump_hlo: str | None = None,
+                 accelerator_given: bool = False, name: str = "",
+                 argv: list[str] | None = None) -> int:
+  """Prints the plan of `config` on `mesh` (`data=8`, `fsdp=8,seq=8`; none: one device);
+  `target`: a TPU topology to compile for; `dump_hlo`: a file for the compiled program's
+  text; `argv`: the command line, rerun in a subprocess when this process lacks devices."""
+  import math
+  from pathlib import Path
+
+  from experiments.plan import accelerators, tpu
+  from experiments.plan.report import format_plan, plan_run, refuse_mesh
+  from experiments.trainer.placement import parse_mesh
+  block = parse_mesh(mesh or "")
+  accelerators.accelerator(accelerator)   # a bad name or MFU: refused before any work
+  accelerators.projected_step_s(accelerators.accelerator(accelerator), flops=0.0,
+                                collective_bytes=0.0, devices=1, mfu=mfu)
+  if target:
+    tpu.parse_topology(target)
+    if accelerator_given:
+      raise ValueError(f"--accelerator={accelerator} with --target={target}: the target "
+                       "names the chip; leave out --accelerator.")
+  if dump_hlo:
+    out = Path(dump_hlo).expanduser()
+    if out.is_dir() or not out.parent.is_dir():
+      raise ValueError(f"--dump_hlo={dump_hlo}: give a file in an existing folder.")
+  sizes = refuse_mesh(config, block)
+  n = math.prod(sizes.values())
+  if target:
+    tpu.topology_devices(target)   # libtpu missing or the topology refused: one line
+  elif n > MAX_CPU_DEVICES:
+    raise ValueError(f"--mesh has {n:,} devices; XLA:CPU compiles for at most "
+                     f"{MAX_CPU_DEVICES:,} host devices: plan a smaller mesh, or compile for "
+                     "the chips with --target=<TPU topology> (pip install -e '.[tpu]').")
+  elif not provide_cpu_devices(n):
+    if os.environ.get(_CHILD) or argv is None:
+      raise ValueError(f"plan: could not get {n} XLA:CPU devices in this process (set "
+                       f"XLA_FLAGS={DEVICES_FLAG}={n} before jax starts).")
+    env = dict(os.environ, XLA_FLAGS=_with_devices(os.environ.get("XLA_FLAGS", ""), n),
+               JAX_PLATFORMS="cpu", **{_CHILD: "1"})
+    print(f"note: rerunning in a subprocess with {DEVICES_FLAG}={n}", file=sys.stderr)
+    sys.stdout.flush()
+    return subprocess.run([sys.executable, "-m", "experiments", *argv[1:]], env=env,
+                          check=False).returncode
+  result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu, target=target,
+                    proxy=not target)
+  print(format_plan(result, name))
+  if dump_hlo:
+    Path(dump_hlo).expanduser().write_text(result["hlo"])
+    print(f"wrote the compiled program ({result['compiler']}) to {dump_hlo}")
+  return 0

@@ -1,0 +1,213 @@
+"""A tiny Qwen3-VL processor directory for smoke runs and tests (no download).
+
+    hf_dir = write_tiny_processor_dir(tmp / "tiny")    # then Qwen3VLProcessor.from_dir(hf_dir)
+
+It holds what a real checkpoint's processor reads: tokenizer.json (a
+byte-level BPE in Qwen's layout: NFC, Qwen2's split regex, byte-level,
+trained here on the emoji-scene texts, ~500 ids, followed by Qwen3-VL's
+special tokens in Qwen's order), tokenizer_config.json (pad <|endoftext|>,
+EOS <|im_end|>), the Qwen3-VL Instruct chat template (the checkpoint's own
+file, below) and preprocessor_config.json (Qwen3-VL's patch 16, merge 2,
+temporal 2, mean = std = 0.5, with a pixel budget small enough for a CPU).
+The same inputs give the same files, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BPE_VOCAB = 500
+# Qwen3-VL's special tokens, in the order its tokenizer.json numbers them.
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+    "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)
+# Qwen2's pre-tokenizer split (tokenizer.json of every Qwen2 / Qwen3 checkpoint).
+SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3-VL-8B-Instruct's chat template (chat_template.json of the checkpoint), verbatim:
+# tests render it with transformers and compare with experiments/hf/qwen3vl/chat.py.
+QWEN3_VL_CHAT_TEMPLATE = r'''{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+'''
+# Small enough for CPU smoke runs: 4·4 to 16·16 merged windows of 32 px.
+TINY_MIN_PIXELS = 128 * 128
+TINY_MAX_PIXELS = 512 * 512
+
+
+def _corpus() -> list[str]:
+  """The texts the tiny BPE is trained on: the emoji scenes' words and chat markup."""
+  from pvm_jax.data import CAPTION_PROMPT, CLASS_NAMES, SceneConfig, make_split, question
+  from pvm_jax.data.emoji_scenes import FILLERS, caption, question_target
+  scenes = make_split(SceneConfig(), "train", 64, seed=0)
+  texts = [CAPTION_PROMPT, " ".join(CLASS_NAMES), *FILLERS, "user assistant system\n"]
+  texts += [question(s) + " " + question_target(s) + " " + caption(s, 1) for s in scenes]
+  return texts
+
+
+def tiny_tokenizer():
+  """A `tokenizers.Tokenizer` in Qwen's layout with Qwen3-VL's special tokens."""
+  from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+  )
+  tok = Tokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  tok.post_processor = processors.ByteLevel(trim_offsets=False)
+  trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, show_progress=False,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(_corpus(), trainer)
+  tok.add_special_tokens(list(SPECIAL_TOKENS))
+  return tok
+
+
+def write_tiny_processor_dir(out_dir, *, min_pixels: int = TINY_MIN_PIXELS,
+                             max_pixels: int = TINY_MAX_PIXELS) -> Path:
+  """Write the four processor files into `out_dir` (created); returns it."""
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  tiny_tokenizer().save(str(out / "tokenizer.json"))
+  (out / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>",
+      "pad_token": "<|endoftext|>", "model_max_length": 262144, "errors": "replace",
+      "split_special_tokens": False, "add_prefix_space": False,
+      "clean_up_tokenization_spaces": False, "processor_class": "Qwen3VLProcessor"},
+      indent=2) + "\n")
+  (out / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
+  (out / "preprocessor_config.json").write_text(json.dumps({
+      "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
+      "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+      "processor_class": "Qwen3VLProcessor",
+      "image_processor_type": "Qwen2VLImageProcessorFast"}, indent=2) + "\n")
+  return out

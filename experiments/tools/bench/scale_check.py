@@ -1,0 +1,609 @@
+"""GPU scale check: the declared family `scale_check` at d 512 x 8 layers, seeds that add up.
+
+    python -m experiments.tools.bench.scale_check --data=pkg:NAME --seeds=0,1 --out=gpu_out/scale
+    python -m experiments.tools.bench.scale_check --dry_run --out=/tmp/scale   # CPU, seconds (CI)
+    DATA=pkg:NAME SEEDS=0,1 OUT=... bash experiments/tools/bench/scale_check.sh   # the GPU entry
+
+Decides on an accelerator what the CPU reproduction reversed (experiments/RESULTS.md):
+the family `FAMILIES["scale_check"]` of experiments/tools/reproduce/design.py, declared
+before its runs (Lngram v2 r16 against the memory-free baseline, against v1 at matched
+active parameters and against Engram; paired t over seeds, Holm over the three). Each
+arm of `ARMS` trains at `SCALE`: d 512, 8 layers (memory in layers 1 and 4, shallow and
+intermediate), 32 rows x 512 bytes = 16,384 bytes a step, 1,000 steps, bfloat16 compute
+with float32 parameters; the same seed gives every arm the same backbone init and the
+same batches. The arms are matched by the project's parameter accounting
+(experiments/models/params.py), printed as a table before training:
+  baseline    no memory;
+  lngram_r16  Lngram v2 r16 (experiments/configs/lm_lngram.py's defaults);
+  lngram_v1   v1 at v2 r16's active parameters: v1's own d -> d router alone would hold
+              262k a layer at d 512 (1.5x v2 r16's active count), so its router is v2's
+              (16 routes x 4 bits, `n_routes`) and its row width Dm the one whose active
+              count is closest (`match_v1`: Dm 8, 168.7k vs 176.2k a layer);
+  engram      Engram with v2 r16's table parameters (`match_engram`: its smallest table
+              base within 0.05%).
+
+Data (`--data`, default $SCALE_CHECK_DATA, else the embedded standard library): training
+text of >= MIN_TRAIN_BYTES (30 MB) that a run sees less than once: steps x batch x
+seq_len rows against the training split's rows, refused at one epoch or more (the
+standard library's ~11 MB training split is too small at this scale). `--data` is a
+folder of text files or `pkg:NAME`, the source folder of the installed Python package
+NAME (e.g. one of >= 32 MB of text files); its content sha256 (the corpus manifest's) is
+recorded, and the family pairs only runs on the same data. Validation: the capped
+per-document set of experiments/data/validation.py (32 KB of every validation file, at
+most 512 KB) without the files that have a near-duplicate in the training split
+(`data.dedup_validation`), per-document losses kept.
+
+Every arm x seed that finishes is RECORDED like a run of the CPU queue
+(experiments/tools/reproduce/records.py): its run directory `<out>/runs/<arm>_s<seed>`
+(repro.json stamp with the declaration's digest, data and validation, parameters and
+device; metrics.jsonl; eval_per_doc.json; the corpus manifest) is copied to
+`<records>/<arm>_s<seed>` (default experiments/results/records/scale_check; the shell
+entry writes under $OUT and packs them into one archive). An arm x seed already recorded
+under this declaration (in the repository's records or `--records`) is skipped, so
+separate GPU runs of ~15 minutes add seeds: 4 arms x 2 seeds a run, seed by seed
+(`--seeds`), until the declared seeds are in. `python -m experiments.tools.reproduce
+declared` prints the family's section from the records.
+
+The deadline (`--budget-s` from the start) is checked before each run: an arm is skipped
+when the previous compiles say it could not even compile in what is left, and after its
+first timed steps when its projected end passes the deadline; an arm already running
+stops at the deadline ("truncated", its curve kept, no record). A persistent compilation
+cache (`--cache-dir`) makes the second seed of an arm (and a rerun) skip compiling.
+`<out>/scale_check.json` is rewritten after every arm.
+
+Imports no grain (the GPU machine has none): batches are packed here with
+`experiments.data.packing` (numpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from experiments.configs import load_config
+from experiments.data import validation
+from experiments.data.corpus import corpus_spec, load_corpus, write_manifest
+from experiments.data.packing import epoch_order, num_rows, pack_row
+from experiments.jobs.lm.task import lm_loss
+from experiments.models import DecoderLM, lm_config
+from experiments.models.arms import engram as engram_arm
+from experiments.models.arms import lngram_v1 as v1_arm
+from experiments.models.params import branch_param_count, memory_params
+from experiments.tools.reproduce import records as run_records
+from experiments.tools.reproduce.design import DECLARED, FAMILIES, RECORDS, declaration_digest
+from experiments.trainer import optimizer as optim_lib
+from experiments.trainer.placement import make_train_mesh
+from experiments.trainer.state import init_train_state
+
+FAMILY = "scale_check"
+SCALE_DESIGN = 2          # 1: the one-seed check on the retired two-file validation
+# name, config file[:arg] before matching (`arm_configs` sizes lngram_v1 and engram).
+ARMS = (
+    ("baseline", "lm_baseline.py"),
+    ("lngram_r16", "lm_lngram.py:r16"),
+    ("lngram_v1", "lm_lngram_v1.py"),
+    ("engram", "lm_engram.py"),
+)
+# The scale-up: the backbone, the rows, the schedule (the arms' memory configs are their own).
+SCALE = dict(model=dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64,
+                        ffn_dim=1536, max_len=512, dtype="bfloat16", param_dtype="float32"),
+             memory_layers=(1, 4), seq_len=512, batch_size=32, steps=1000, lr=1e-3,
+             warmup_steps=100, log_every=25, eval_every=250, max_files=0)
+SMOKE = dict(model=dict(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
+                        ffn_dim=64, max_len=32, dtype="bfloat16", param_dtype="float32"),
+             memory_layers=(1,), seq_len=32, batch_size=2, steps=4, lr=1e-3, warmup_steps=1,
+             log_every=2, eval_every=4, max_files=6, val_doc_cap=256)
+MIN_TRAIN_BYTES = 30_000_000
+CONFIG_DIR = "experiments/configs"
+SCALE_RECORDS = Path(RECORDS) / FAMILY
+
+
+# --- the arms, matched by the parameter accounting ----------------------------------------
+
+
+def arm_config(spec: str, scale: dict, *, smoke: bool, seed: int):
+  """The arm's experiment config at `scale` (smoke: its own `smoke` shrink first)."""
+  path, _, arg = spec.partition(":")
+  arg = ",".join(a for a in (arg, "smoke" if smoke else "") if a)
+  c = load_config(f"{CONFIG_DIR}/{path}" + (f":{arg}" if arg else ""))
+  c.model.update(vocab_size=256, **scale["model"])
+  if c.model.memory_layers:
+    c.model.memory_layers = tuple(scale["memory_layers"])
+  c.data.update(seq_len=scale["seq_len"], batch_size=scale["batch_size"], seed=seed,
+                max_files=scale.get("max_files", 0), dedup_validation=True)
+  if scale.get("val_doc_cap"):
+    c.data.val_doc_cap = scale["val_doc_cap"]
+  c.optim.update(lr=scale["lr"], warmup_steps=scale["warmup_steps"])
+  c.train.update(steps=scale["steps"], seed=seed)
+  return c
+
+
+def _memory(config):
+  return lm_config(config).memory
+
+
+def match_v1(v2_memory, d_model: int, *, max_dm: int = 256) -> tuple[int, int]:
+  """(routes, Dm) of v1 at v2's active parameters a layer: v2's routes and bits (router
+  d -> R·M), the row width whose active count is closest to v2's."""
+  target = branch_param_count(v2_memory)["active"]
+
+  def active(dm):
+    return branch_param_count(v1_arm.LngramV1Config(
+        d_model=d_model, bits=v2_memory.bits, orders=v2_memory.orders, mem_dim=dm,
+        n_routes=v2_memory.routes))["active"]
+
+  dm = min(range(1, max_dm + 1), key=lambda m: (abs(active(m) - target), m))
+  return v2_memory.routes, dm
+
+
+def match_engram(v2_memory, engram_memory) -> int:
+  """Engram's table base whose tables hold v2's table parameters most closely (ties: the
+  smaller), by bisection (the tables grow with the base)."""
+  target = branch_param_count(v2_memory)["tables"]
+
+  def tables(base):
+    return branch_param_count(engram_arm.EngramConfig(**{
+        **{f: getattr(engram_memory, f) for f in ("d_model", "orders", "heads", "head_dim",
+                                                   "vocab_size", "case_fold", "hash_seed")},
+        "table_base": base}))["tables"]
+
+  high = 2
+  while tables(high) < target:
+    high *= 2
+  first = bisect.bisect_left(range(high + 1), target, lo=2, key=tables)  # tables >= target
+  return min((b for b in (first - 1, first) if b >= 2),
+             key=lambda b: (abs(tables(b) - target), b))
+
+
+def arm_configs(scale: dict, *, smoke: bool, seed: int, names=None) -> dict:
+  """{arm: (spec, config)} with lngram_v1 and engram matched to lngram_r16 at `scale`."""
+  v2 = _memory(arm_config("lm_lngram.py:r16", scale, smoke=smoke, seed=seed))
+  d = scale["model"]["d_model"]
+  out = {}
+  for name, spec in ARMS:
+    if names is not None and name not in names:
+      continue
+    if name == "lngram_v1":
+      routes, dm = match_v1(v2, d)
+      spec = f"lm_lngram_v1.py:r{routes},mem{dm}"
+      config = arm_config(spec, scale, smoke=smoke, seed=seed)
+      config.model.memory.update(bits=v2.bits)   # v2's router width (R·M) at any scale
+    elif name == "engram":
+      eng = _memory(arm_config(spec, scale, smoke=smoke, seed=seed))
+      spec = f"lm_engram.py:base{match_engram(v2, eng)}"
+      config = arm_config(spec, scale, smoke=smoke, seed=seed)
+    else:
+      config = arm_config(spec, scale, smoke=smoke, seed=seed)
+    out[name] = (spec, config)
+  return out
+
+
+def param_table(configs: dict) -> list[dict]:
+  """Per arm: backbone, memory total / active / tables (all layers), from the configs."""
+  rows = []
+  for name, (spec, config) in configs.items():
+    model = lm_config(config)
+    shapes = nnx.eval_shape(lambda m=model: DecoderLM(m, rngs=nnx.Rngs(params=0)))
+    total = int(sum(v.size for _, v in nnx.to_flat_state(nnx.state(shapes, nnx.Param))))
+    mem_total, mem_active = memory_params(model)
+    per_layer = branch_param_count(model.memory) if model.memory is not None else {}
+    tables = len(model.memory_layers) * int(per_layer.get("tables", per_layer.get("values", 0)))
+    rows.append({"arm": name, "config": spec, "backbone": total - mem_total,
+                 "memory_total": int(mem_total), "memory_active": int(mem_active),
+                 "memory_tables": tables})
+  return rows
+
+
+def param_markdown(rows: list[dict]) -> str:
+  ref = next((r for r in rows if r["arm"] == "lngram_r16"), None)
+
+  def ratio(r, key):
+    return f" ({r[key] / ref[key]:.3f}x)" if ref and ref[key] and r[key] else ""
+
+  lines = ["| arm | config | backbone | memory total | memory active | memory tables |",
+           "|---|---|---:|---:|---:|---:|"]
+  lines += [f"| {r['arm']} | `{r['config']}` | {r['backbone']:,} | {r['memory_total']:,}"
+            f"{ratio(r, 'memory_total')} | {r['memory_active']:,}{ratio(r, 'memory_active')} | "
+            f"{r['memory_tables']:,}{ratio(r, 'memory_tables')} |" for r in rows]
+  return "\n".join(lines)
+
+
+# --- data ---------------------------------------------------------------------------------
+
+
+def resolve_data(spec: str) -> tuple[str, dict]:
+  """(the folder `data.path` reads, "" for the standard library; what it is): `spec` is
+  "" (the embedded standard library), a folder, or `pkg:NAME` (an installed package's
+  source folder, its version recorded)."""
+  if not spec:
+    return "", {"spec": "stdlib", "python": platform.python_version()}
+  if spec.startswith("pkg:"):
+    name = spec[4:]
+    found = importlib.util.find_spec(name)
+    if found is None or not found.submodule_search_locations:
+      raise ValueError(f"scale_check: --data={spec}: no installed package {name!r}.")
+    try:
+      version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      version = None
+    return str(list(found.submodule_search_locations)[0]), {"spec": spec, "version": version}
+  if not Path(spec).is_dir():
+    raise ValueError(f"scale_check: --data={spec!r} is not a folder.")
+  return spec, {"spec": "folder"}
+
+
+class Rows:
+  """Packed rows of the corpus: the training stream in the seed's epoch order."""
+
+  def __init__(self, corpus, seq_len: int, seed: int):
+    self.seq_len, self.seed = seq_len, seed
+    self.train = corpus.train_docs
+    self.lengths = np.asarray([d.size for d in self.train], np.int64)
+    self.rows_per_epoch = num_rows(int(self.lengths.sum()), seq_len)
+    self._epoch = None
+
+  def batch(self, step: int, batch_size: int) -> dict:
+    rows = []
+    for i in range(step * batch_size, (step + 1) * batch_size):
+      epoch, r = divmod(i, self.rows_per_epoch)
+      if self._epoch is None or self._epoch[0] != epoch:
+        self._epoch = (epoch, *epoch_order(self.lengths, self.rows_per_epoch, self.seed, epoch))
+      _, order, offsets, perm = self._epoch
+      rows.append(pack_row(self.train, order, offsets, int(perm[r]), self.seq_len))
+    return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+
+
+def epochs(corpus, scale: dict) -> float:
+  """The share of an epoch of the training split a run reads."""
+  rows = num_rows(corpus.train_bytes, scale["seq_len"])
+  return scale["steps"] * scale["batch_size"] / max(rows, 1)
+
+
+def check_data(corpus, scale: dict, *, smoke: bool) -> None:
+  """Refuses data a run reads once or more, and (for the declared runs, not a dry run or
+  a run of other steps) under MIN_TRAIN_BYTES."""
+  seen = epochs(corpus, scale)
+  if seen >= 1.0:
+    raise ValueError(
+        f"scale_check: {scale['steps']} steps x {scale['batch_size']} rows x "
+        f"{scale['seq_len']} bytes read the {corpus.train_bytes:,} training bytes "
+        f"{seen:.2f} times; pass --data=<a folder or pkg:NAME of >= "
+        f"{MIN_TRAIN_BYTES // 1_000_000} MB of text> (the standard library is too small).")
+  if not smoke and corpus.train_bytes < MIN_TRAIN_BYTES:
+    raise ValueError(
+        f"scale_check: the training split holds {corpus.train_bytes:,} bytes, under the "
+        f"declared {MIN_TRAIN_BYTES:,}; pass --data=<a folder or pkg:NAME of >= "
+        f"{MIN_TRAIN_BYTES // 1_000_000} MB of text>.")
+
+
+# --- training one arm x seed --------------------------------------------------------------
+
+
+def _param_count(params) -> int:
+  return int(sum(x.size for x in jax.tree.leaves(params)))
+
+
+def _make_eval(graphdef):
+  """eval(params, rest, batch) -> (nats, targets) per row: a validation row holds one
+  document (experiments/data/validation.py)."""
+  @jax.jit
+  def evaluate(params, rest, batch):
+    model = nnx.merge(graphdef, params, rest)
+    hidden, _ = model(batch["inputs"], segment_ids=batch["segment_ids"],
+                      positions=batch["positions"], return_aux=True, return_hidden=True)
+    mask = batch["loss_mask"].astype(np.float32)
+    nats = model.token_nll(hidden, batch["targets"]) * mask
+    return nats.sum(axis=1), mask.sum(axis=1)
+  return evaluate
+
+
+def evaluate(eval_fn, params, rest, batches, n_docs: int) -> tuple[float, np.ndarray, np.ndarray]:
+  """(bits per byte, nats per document, targets per document) over the validation batches."""
+  nats_D, tokens_D = np.zeros(n_docs), np.zeros(n_docs)
+  for b in batches:
+    batch = {k: v for k, v in b.items() if k != "doc"}
+    row_nats, row_tokens = jax.device_get(eval_fn(params, rest, batch))
+    for d, n, t in zip(b["doc"], np.asarray(row_nats, np.float64),
+                       np.asarray(row_tokens, np.float64), strict=True):
+      if d >= 0:
+        nats_D[d] += n
+        tokens_D[d] += t
+  return float(nats_D.sum() / max(tokens_D.sum(), 1.0) / np.log(2.0)), nats_D, tokens_D
+
+
+def train_arm(name: str, config, rows: Rows, val: tuple, scale: dict, *, deadline: float,
+              workdir: Path, stamp: dict | None = None) -> dict:
+  """Trains one arm x seed in `workdir` (metrics.jsonl as it runs; at the end
+  eval_per_doc.json); returns its summary (status "done", "skipped" or "truncated").
+  `val`: (validation batches, DocNames). After compiling, `probe_steps` steps warm up and
+  the next `probe_steps` are timed: the projected end decides whether it goes on."""
+  val_batches, names = val
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if stamp is not None:
+    (workdir / "repro.json").write_text(json.dumps(stamp, indent=1) + "\n")
+  probe_steps = max(1, min(5, (config.train.steps - 1) // 3))
+  t0 = time.perf_counter()
+  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
+  ts = init_train_state(model, config.optim, (config.train.steps,), make_train_mesh({}))
+  del model
+  lr = optim_lib.learning_rate_schedule(config.optim, config.train.steps)
+  step_fn = ts.step_fn(0, lm_loss, lr)
+  eval_fn = _make_eval(ts.graphdef)
+  state, rest = ts.state, ts.rest
+  out = {"arm": name, "params": _param_count(state["params"]), "steps": config.train.steps}
+  state, metrics = step_fn(state, rest, rows.batch(0, scale["batch_size"]))
+  jax.block_until_ready(metrics)
+  out["compile_s"] = round(time.perf_counter() - t0, 2)
+  curve = (workdir / "metrics.jsonl").open("w")
+  steps, status, timed_from, t_timed = config.train.steps, "done", None, None
+  last_log, t_log = 1, time.perf_counter()
+  try:
+    step = 1
+    while step < steps:
+      if step == 1 + probe_steps:
+        jax.block_until_ready(metrics)
+        timed_from, t_timed = step, time.perf_counter()
+      state, metrics = step_fn(state, rest, rows.batch(step, scale["batch_size"]))
+      step += 1
+      if timed_from is not None and step == timed_from + probe_steps:
+        jax.block_until_ready(metrics)
+        per_step = (time.perf_counter() - t_timed) / probe_steps
+        out["step_s"] = round(per_step, 5)
+        # The remaining steps, and one evaluation pass per eval_every (about a step each).
+        n_evals = steps // scale["eval_every"] + 1
+        projected = time.perf_counter() + per_step * (steps - step + n_evals * len(val_batches))
+        if projected > deadline:
+          out.update(status="skipped", reason=f"projected end {projected - deadline:.0f} s past "
+                     f"the deadline ({per_step * 1e3:.1f} ms/step)")
+          return out
+      if step % scale["log_every"] == 0 or step == steps:
+        bits = float(jax.device_get(metrics["train/bits_per_byte"]))
+        now = time.perf_counter()
+        row = {"step": step, "train/bits_per_byte": bits,
+               "time/step_s": (now - t_log) / max(step - last_log, 1),
+               "t_s": round(now - t0, 2)}
+        last_log, t_log = step, now
+        if step % scale["eval_every"] == 0 or step == steps:
+          row["eval/bits_per_byte"], nats_D, tokens_D = evaluate(
+              eval_fn, state["params"], rest, val_batches, len(names))
+          t_log = time.perf_counter()   # the evaluation is not a step's time
+        curve.write(json.dumps(row) + "\n")
+        curve.flush()
+        if not np.isfinite(bits):
+          raise FloatingPointError(f"{name}: train bits/byte {bits} at step {step}")
+      # Past the deadline after the probe has let the run go on: stop, keep the curve.
+      if "step_s" in out and time.perf_counter() > deadline and step < steps:
+        status = "truncated"
+        break
+    if status == "done" and step == steps:   # the last logged row evaluated at `steps`
+      validation.write_per_doc(workdir, steps, "byte", names, nats_D, tokens_D)
+      out["final_eval_bpb"] = float(nats_D.sum() / max(tokens_D.sum(), 1.0) / np.log(2.0))
+    out.update(status=status, trained_steps=step, wall_s=round(time.perf_counter() - t0, 2))
+    if timed_from is not None and "step_s" not in out:
+      out["step_s"] = round((time.perf_counter() - t_timed) / max(step - timed_from, 1), 5)
+    return out
+  finally:
+    curve.close()
+
+
+# --- the check ----------------------------------------------------------------------------
+
+
+def recorded(records: list[Path], key: str, data_sha: str,
+             smoke: bool = False) -> tuple[bool, str | None]:
+  """(recorded under this declaration on this data, why it cannot be recorded here): a
+  record of `key` (<arm>_s<seed>) in any of `records` under the declared digest (a dry
+  run's records count for dry runs only)."""
+  for base in records:
+    stamp_path = Path(base) / key / "repro.json"
+    try:
+      stamp = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+      continue
+    if ((stamp.get("declared") or {}).get(FAMILY) != DECLARED[FAMILY]
+        or bool(stamp.get("smoke")) != smoke):
+      continue
+    if not (Path(base) / key / validation.PER_DOC_FILE).is_file():
+      continue
+    if (stamp.get("data") or {}).get("sha256") != data_sha:
+      return False, (f"{stamp_path.parent} holds {key} on other data "
+                     f"({str((stamp.get('data') or {}).get('sha256'))[:16]}…)")
+    return True, None
+  return False, None
+
+
+def run(out_dir, *, smoke: bool = False, budget_s: float = 840.0, arms=None, seeds=(0,),
+        steps: int | None = None, cache_dir: str | None = None, data: str = "",
+        records: str | None = None, log=print) -> dict:
+  """The scale check; returns (and writes) `<out_dir>/scale_check.json`. Records every
+  finished arm x seed under `records` (default: SCALE_RECORDS; a dry run's: <out>/records)
+  unless `steps` overrides the declared scale."""
+  start = time.perf_counter()
+  deadline = start + budget_s
+  if cache_dir:
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  scale = dict(SMOKE if smoke else SCALE)
+  if steps:
+    scale["steps"] = steps
+  unknown = set(arms or ()) - {n for n, _ in ARMS}
+  if unknown:
+    raise ValueError(f"scale_check: unknown arms {sorted(unknown)}; "
+                     f"choose from {[n for n, _ in ARMS]}.")
+  digest = declaration_digest(FAMILIES[FAMILY])
+  if digest != DECLARED[FAMILY]:
+    raise ValueError(f"scale_check: the family {FAMILY!r} differs from its declaration "
+                     f"(digest {digest[:16]}… vs {DECLARED[FAMILY][:16]}…).")
+  seeds = tuple(int(s) for s in seeds)
+  folder, about = resolve_data(data)
+  configs = arm_configs(scale, smoke=smoke, seed=seeds[0], names=arms)
+  table = param_table(configs)
+  log(f"[scale_check] parameters (the project's accounting, all layers):\n"
+      f"{param_markdown(table)}")
+  first = next(iter(configs.values()))[1]
+  first.data.path = folder
+  corpus = load_corpus(corpus_spec(first))
+  record = steps is None
+  check_data(corpus, scale, smoke=smoke or not record)
+  data_sha = corpus.manifest["content_sha256"]
+  about |= {"sha256": data_sha, "train_bytes": corpus.train_bytes,
+            "train_files": len(corpus.train_paths), "val_files": len(corpus.val_paths),
+            "epochs": round(epochs(corpus, scale), 4)}
+  batches, names = validation.config_batches(
+      corpus.val_docs, corpus.val_paths, first.data, default=list,
+      train=(corpus.train_paths, corpus.train_docs))
+  val_units = int(sum(b["loss_mask"].sum() for b in batches))
+  dedup = names.dedup.describe() if names.dedup is not None else {}
+  val_about = {"docs": len(names), "units": val_units,
+               "largest_share": round(_largest_share(batches, len(names)), 6),
+               "removed_count": dedup.get("count", 0), "removed": dedup.get("removed", [])}
+  log(f"[scale_check] data {about['spec']} sha256 {data_sha[:16]}…: {corpus.train_bytes:,} "
+      f"training bytes, {about['epochs']:.2f} epochs a run; validation {len(names)} "
+      f"documents, {val_units:,} scored bytes, {val_about['removed_count']} left out as "
+      f"near-duplicates of training files")
+  records_dir = Path(records) if records else (out_dir / "records" if smoke else SCALE_RECORDS)
+  searched = [records_dir] + ([] if smoke or records_dir == SCALE_RECORDS else [SCALE_RECORDS])
+  result = {"smoke": smoke, "scale": dict(scale), "budget_s": budget_s,
+            "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+            "jax": jax.__version__, "python": platform.python_version(),
+            "tokens_per_step": scale["seq_len"] * scale["batch_size"], "data": about,
+            "validation": val_about, "val_tokens": val_units, "declared": digest,
+            "params": table, "seeds": list(seeds), "records": str(records_dir), "arms": []}
+  summary_path = out_dir / "scale_check.json"
+  compiles: list[float] = []
+  for seed in seeds:
+    seeded = arm_configs(scale, smoke=smoke, seed=seed, names=arms)
+    for name, (spec, config) in seeded.items():
+      config.data.path = folder
+      key = f"{name}_s{seed}"
+      entry = {"arm": name, "seed": seed, "config": spec}
+      done, clash = recorded(searched, key, data_sha, smoke) if record else (False, None)
+      left = deadline - time.perf_counter()
+      if done or clash:
+        entry.update(status="recorded" if done else "refused", reason=clash or "")
+        log(f"[scale_check] {key}: {'already recorded' if done else clash}")
+      elif left <= 0 or (compiles and left < min(compiles)):
+        entry.update(status="skipped", reason=f"{left:.0f} s left" + (
+            f", the fastest compile took {min(compiles):.0f} s" if compiles else ""))
+        log(f"[scale_check] {key}: skipped ({left:.0f} s left)")
+      else:
+        log(f"[scale_check] {key} ({spec}): {left:.0f} s left")
+        workdir = out_dir / "runs" / key
+        params = next(r for r in table if r["arm"] == name)
+        stamp = {"design": SCALE_DESIGN, "key": f"{FAMILY}/{key}", "arm": name, "seed": seed,
+                 "config": spec, "steps": scale["steps"], "smoke": smoke,
+                 "declared": {FAMILY: digest}, "scale": {k: v for k, v in scale.items()},
+                 "data": about, "validation": val_about, "params": params,
+                 "device": result["device"], "backend": result["backend"],
+                 "jax": result["jax"], "python": result["python"]}
+        arm = train_arm(name, config, Rows(corpus, scale["seq_len"], seed), (batches, names),
+                        scale, deadline=deadline, workdir=workdir, stamp=stamp)
+        entry |= arm
+        compiles.append(arm["compile_s"])
+        if arm["status"] == "done" and record:
+          write_manifest(corpus, workdir)
+          run_records.write_record(workdir, records_dir / key)
+          entry["record"] = str(records_dir / key)
+        log(f"[scale_check] {key}: {arm['status']}, final val. "
+            f"{arm.get('final_eval_bpb', float('nan')):.4f} bits/byte, "
+            f"{arm.get('step_s', float('nan')) * 1e3:.1f} ms/step, compile {arm['compile_s']} s")
+      result["arms"].append(entry)
+      result["wall_s"] = round(time.perf_counter() - start, 2)
+      summary_path.write_text(json.dumps(result, indent=1))
+  result["wall_s"] = round(time.perf_counter() - start, 2)
+  summary_path.write_text(json.dumps(result, indent=1))
+  return result
+
+
+def _largest_share(batches, n_docs: int) -> float:
+  per = np.zeros(n_docs)
+  for b in batches:
+    for d, m in zip(b["doc"], b["loss_mask"], strict=True):
+      if d >= 0:
+        per[d] += m.sum()
+  return float(per.max() / max(per.sum(), 1.0)) if n_docs else 0.0
+
+
+def markdown(result: dict) -> str:
+  data = result.get("data", {})
+  lines = [f"Scale check on {result['device']} ({result['backend']}, jax {result['jax']}): "
+           f"{result['tokens_per_step']:,} bytes a step, {result['scale']['steps']} steps, "
+           f"data {data.get('spec')} sha256 {str(data.get('sha256'))[:16]}… "
+           f"({data.get('train_bytes', 0):,} training bytes, {data.get('epochs', 0):.2f} "
+           f"epochs a run), budget {result['budget_s']:.0f} s, wall "
+           f"{result.get('wall_s', 0):.0f} s.", "", param_markdown(result["params"]), "",
+           "| arm | seed | status | final val. bits/byte | ms/step | compile s |",
+           "| --- | ---: | --- | ---: | ---: | ---: |"]
+  for a in result["arms"]:
+    bpb = a.get("final_eval_bpb")
+    step = a.get("step_s")
+    lines.append(f"| {a['arm']} | {a['seed']} | {a['status']} | "
+                 f"{'–' if bpb is None else f'{bpb:.4f}'} | "
+                 f"{'–' if step is None else f'{1e3 * step:.1f}'} | "
+                 f"{a.get('compile_s', '–')} |")
+  return "\n".join(lines) + "\n"
+
+
+def _seeds(args) -> tuple[int, ...]:
+  if args.seeds:
+    return tuple(int(s) for s in args.seeds.split(",") if s.strip())
+  return (args.seed,)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="scale_out", help="output directory")
+  parser.add_argument("--dry_run", "--smoke", dest="smoke", action="store_true",
+                      help="tiny shapes on a slice of the standard library (CPU, CI)")
+  parser.add_argument("--budget-s", type=float, default=840.0,
+                      help="deadline, seconds from the start (default 840: a 15-minute slot "
+                           "less start-up)")
+  parser.add_argument("--arms", default="", help="comma-separated subset of the arms")
+  parser.add_argument("--steps", type=int, default=0,
+                      help="steps per arm (default: the scale's; another count writes no record)")
+  parser.add_argument("--seed", type=int, default=0, help="one seed")
+  parser.add_argument("--seeds", default="", help="comma-separated seeds (overrides --seed)")
+  parser.add_argument("--data", default=os.environ.get("SCALE_CHECK_DATA", ""),
+                      help="training text: a folder, or pkg:NAME (an installed package's "
+                           "source); default $SCALE_CHECK_DATA, else the standard library")
+  parser.add_argument("--records", default="",
+                      help="where the finished arm x seed records go (default "
+                           f"{SCALE_RECORDS}; a dry run's: <out>/records)")
+  parser.add_argument("--cache-dir", default=os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
+                      help="persistent compilation cache (default $JAX_COMPILATION_CACHE_DIR)")
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  try:
+    result = run(args.out, smoke=args.smoke, budget_s=args.budget_s,
+                 arms=[a for a in args.arms.split(",") if a] or None, seeds=_seeds(args),
+                 steps=args.steps or None, cache_dir=args.cache_dir or None, data=args.data,
+                 records=args.records or None)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  text = markdown(result)
+  (Path(args.out) / "scale_check_table.txt").write_text(text)   # the Markdown tables
+  print(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,3 @@
+from experiments.tools.report.document import main
+
+main()

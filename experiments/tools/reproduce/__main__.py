@@ -1,0 +1,5 @@
+import sys
+
+from experiments.tools.reproduce.cli import main
+
+sys.exit(main())
