@@ -41,10 +41,16 @@ def _set_config(name, value):
         pass
 
 
+# A size limit turns on jax's LRU eviction, and with it a file lock around every read and
+# write of the cache: without one, jax writes an entry in place (not renamed into place),
+# so the two xdist workers, or a worker and a child process, compiling the same program
+# at once can leave or read a mixed entry, which the CPU backend then loads (a crash, not
+# an error). 8 GiB: far above what the suite writes (~150 MB).
 _CACHE_SETTINGS = {
     "jax_compilation_cache_dir": _CACHE_DIR,
     "jax_persistent_cache_min_compile_time_secs": 0.5,
     "jax_persistent_cache_min_entry_size_bytes": 0,
+    "jax_compilation_cache_max_size": 8 * 2**30,
 }
 for _name, _value in _CACHE_SETTINGS.items():
     _set_config(_name, _value)
