@@ -28,8 +28,31 @@ os.environ["XLA_FLAGS"] = _xla_flags
 import jax
 import pytest
 
+
+def _machine_fingerprint() -> str:
+    """What a cached XLA:CPU executable depends on but jax's cache key leaves out: the
+    host's instruction set (the code is compiled for the CPU it was built on, so an entry
+    written on an AVX-512 host crashes the process that loads it on another) and the
+    jax/jaxlib/Python versions. A home directory that moves between hosts keeps one cache
+    per kind of machine."""
+    import hashlib
+    import platform
+    import sys
+
+    import jaxlib
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        cpu = ""
+    parts = (platform.machine(), platform.processor(), " ".join(sorted(cpu.split())),
+             jax.__version__, jaxlib.__version__, sys.version)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
 _CACHE_DIR = os.environ.get("LNGRAM_JAX_CACHE_DIR") or os.path.join(
-    os.path.expanduser("~"), ".cache", "lngram-jax", "xla"
+    os.path.expanduser("~"), ".cache", "lngram-jax", "xla", _machine_fingerprint()
 )
 
 

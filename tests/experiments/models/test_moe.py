@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.experimental.compilation_cache import compilation_cache
 
 from experiments.configs import load_config
 from experiments.jobs import run_train
@@ -177,13 +178,17 @@ def _moe_lm(**moe_fields):
 
 @pytest.fixture
 def no_compilation_cache():
-  """The persistent compilation cache off: loading this test's cached executables (the
-  scanned MoE forward, the cached decode) crashed the process (a segfault in jax
-  0.10.2's `get_executable_and_time`) on a warm cache, three full runs out of four."""
+  """The persistent compilation cache off for one test, even when an earlier test in the
+  process already used it (jax decides whether the cache is on once per process, so the
+  config flag alone changes nothing until the cache is reset). Loading this test's cached
+  executables (the scanned MoE forward, the cached decode) crashed the process (a segfault
+  in jax 0.10.2's `get_executable_and_time`) on a warm cache."""
   before = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   yield
   jax.config.update("jax_enable_compilation_cache", before)
+  compilation_cache.reset_cache()
 
 
 def test_moe_layers_leave_the_other_layers_draws_and_scan_equals_unrolled(no_compilation_cache):
