@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax.sharding import use_abstract_mesh
 from lowering import H100
-from tree_checks import relative_to_reference
+from readout_checks import OUTPUTS, compare_with_reference, readout_inputs, values_and_grads
 
 from kernels.sink_readout import (
   BlockSizes,
@@ -45,39 +45,11 @@ def _exact_float32_matmuls():
 
 
 def _inputs(dtype, seed=0):
-  BT, Hq, R, Dr = SHAPE
-  kq, km, ko, kl = jax.random.split(jax.random.key(seed), 4)
-  q = jax.random.normal(kq, (BT, Hq, Dr), jnp.float32).astype(dtype)
-  mem = jax.random.normal(km, (BT, R, Dr), jnp.float32).astype(dtype)
-  dout = jax.random.normal(ko, (BT, Hq, Dr), jnp.float32).astype(dtype)
-  dlse = jax.random.normal(kl, (BT, Hq), jnp.float32)
-  return q, mem, dout, dlse
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _values_and_grads(readout, q, mem, sink_logit, dout, dlse):
-  (out, lse), vjp = jax.vjp(lambda q, m, b0: readout(q, m, sink_logit=b0), q, mem, sink_logit)
-  return (out, lse, *vjp((dout, dlse)))
-
-
-_OUTPUTS = ("out", "lse", "dq", "dmem", "d_sink")
+  return readout_inputs(*SHAPE, dtype, seed=seed)
 
 
 def _compare(args, sink_logit, tol, readout=_KERNEL):
-  q, mem, dout, dlse = args
-  args = (q, mem, jnp.float32(sink_logit), dout, dlse)
-  result = _values_and_grads(readout, *args)
-  got = dict(zip(_OUTPUTS, result, strict=True))
-  want = dict(zip(_OUTPUTS, _values_and_grads(_REFERENCE, *args), strict=True))
-  chex.assert_trees_all_equal_shapes_and_dtypes(got, want)
-  chex.assert_tree_all_finite(got)
-  # d_sink: a sum of BT·Hq terms that largely cancel: absolute scale.
-  d_sink, d_sink_ref = got.pop("d_sink"), want.pop("d_sink")
-  assert abs(float(d_sink) - float(d_sink_ref)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (
-      d_sink, d_sink_ref)
-  # The others against each one's own scale: max|got - want| <= tol·max|want|.
-  chex.assert_trees_all_close(*relative_to_reference(got, want, floor=1e-30), rtol=0, atol=tol)
-  return result
+  return compare_with_reference(readout, _REFERENCE, args, sink_logit, tol)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -94,15 +66,15 @@ def test_token_block_tokens_do_not_mix():
   shares both a forward (block_n = 2) and a backward (block_n = 4) block."""
   q, mem, dout, dlse = _inputs(jnp.float32, seed=3)
   b0 = jnp.float32(0.3)
-  before = _values_and_grads(_KERNEL, q, mem, b0, dout, dlse)
+  before = values_and_grads(_KERNEL, q, mem, b0, dout, dlse)
   after = _compare((q, mem.at[1].multiply(-2.0), dout, dlse), 0.3, 2e-5)
   others = np.array([0, 2, 3, 4])
 
   def rows(values, which):
-    return {name: np.asarray(v)[which] for name, v in zip(_OUTPUTS[:4], values[:4], strict=True)}
+    return {name: np.asarray(v)[which] for name, v in zip(OUTPUTS[:4], values[:4], strict=True)}
 
   chex.assert_trees_all_equal(rows(before, others), rows(after, others))
-  for name, x, y in zip(_OUTPUTS[:4], before[:4], after[:4], strict=True):
+  for name, x, y in zip(OUTPUTS[:4], before[:4], after[:4], strict=True):
     assert not np.allclose(np.asarray(x)[1], np.asarray(y)[1]), name
 
 
@@ -112,8 +84,8 @@ def test_token_block_sink_only_and_no_sink():
   q, mem, dout, dlse = _inputs(jnp.float32, seed=1)
   far_q = -100.0 * (jnp.abs(q) + 0.5)  # every score <= -150: exp underflows
   far_mem = jnp.abs(mem) + 0.5
-  out, lse, dq, dmem, d_sink = _values_and_grads(_KERNEL, far_q, far_mem, jnp.float32(2.0),
-                                                 dout, dlse)
+  out, lse, dq, dmem, d_sink = values_and_grads(_KERNEL, far_q, far_mem, jnp.float32(2.0),
+                                                dout, dlse)
   chex.assert_trees_all_equal(
       (out, lse, dq, dmem),
       (jnp.zeros_like(out), jnp.full_like(lse, 2.0), jnp.zeros_like(dq), jnp.zeros_like(dmem)))

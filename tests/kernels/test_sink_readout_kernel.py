@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from lowering import KERNEL_CALL, lower_text
-from tree_checks import relative_to_reference
+from readout_checks import compare_with_reference, readout_inputs, values_and_grads
 
 from kernels.sink_readout import (
   BlockSizes,
@@ -49,38 +49,8 @@ def _exact_float32_matmuls():
     yield
 
 
-def _inputs(N, Hq, R, D, dtype, seed=0):
-  kq, km, ko, kl = jax.random.split(jax.random.key(seed), 4)
-  q = jax.random.normal(kq, (N, Hq, D), jnp.float32).astype(dtype)
-  mem = jax.random.normal(km, (N, R, D), jnp.float32).astype(dtype)
-  dout = jax.random.normal(ko, (N, Hq, D), jnp.float32).astype(dtype)
-  dlse = jax.random.normal(kl, (N, Hq), jnp.float32)
-  return q, mem, dout, dlse
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _values_and_grads(readout, q, mem, sink_logit, dout, dlse):
-  """out, lse and the cotangents of q, mem and b0 for (dout, dlse)."""
-  (out, lse), vjp = jax.vjp(lambda q, m, b0: readout(q, m, sink_logit=b0), q, mem, sink_logit)
-  return (out, lse, *vjp((dout, dlse)))
-
-
-_OUTPUTS = ("out", "lse", "dq", "dmem", "d_sink")
-
-
 def _compare(readout, args, sink_logit, tol):
-  q, mem, dout, dlse = args
-  args = (q, mem, jnp.float32(sink_logit), dout, dlse)
-  got = dict(zip(_OUTPUTS, _values_and_grads(readout, *args), strict=True))
-  want = dict(zip(_OUTPUTS, _values_and_grads(_REFERENCE, *args), strict=True))
-  chex.assert_trees_all_equal_shapes_and_dtypes(got, want)
-  chex.assert_tree_all_finite(got)
-  # d_sink: a sum over N·Hq terms that largely cancel: absolute scale.
-  d_sink, d_sink_ref = got.pop("d_sink"), want.pop("d_sink")
-  assert abs(float(d_sink) - float(d_sink_ref)) < tol * float(jnp.sum(jnp.abs(dlse)) + 1.0), (
-      d_sink, d_sink_ref)
-  # The others against each one's own scale: max|got - want| <= tol·max|want|.
-  chex.assert_trees_all_close(*relative_to_reference(got, want, floor=1e-30), rtol=0, atol=tol)
+  compare_with_reference(readout, _REFERENCE, args, sink_logit, tol)
 
 
 # --- the reference itself ------------------------------------------------------
@@ -149,19 +119,19 @@ def test_kernel_matches_reference_ragged(implementation, dtype):
   assert N % blocks.block_n and R % blocks.block_r  # both last blocks are partial
   readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation=implementation,
                               block_sizes=blocks, interpret=True)
-  _compare(readout, _inputs(N, Hq, R, D, dtype), 0.8, TOLERANCE[dtype])
+  _compare(readout, readout_inputs(N, Hq, R, D, dtype), 0.8, TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("implementation", ["triton", "mosaic_tpu"])
 def test_kernel_sink_only_extreme(implementation):
   """Every score far below b0: all mass on the sink, out = 0, lse = b0 exactly."""
-  q, mem, dout, dlse = _inputs(*SHAPE, jnp.float32, seed=1)
+  q, mem, dout, dlse = readout_inputs(*SHAPE, jnp.float32, seed=1)
   mem = jnp.abs(mem) + 0.5
   q = -100.0 * (jnp.abs(q) + 0.5)  # every score <= -25·D·SCALE = -150: exp underflows
   b0 = 2.0
   readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation=implementation,
                               block_sizes=BLOCKS[implementation], interpret=True)
-  out, lse, dq, dmem, d_sink = _values_and_grads(readout, q, mem, jnp.float32(b0), dout, dlse)
+  out, lse, dq, dmem, d_sink = values_and_grads(readout, q, mem, jnp.float32(b0), dout, dlse)
   chex.assert_trees_all_equal(
       (out, lse, dq, dmem),
       (jnp.zeros_like(out), jnp.full_like(lse, b0), jnp.zeros_like(dq), jnp.zeros_like(dmem)))
@@ -179,12 +149,12 @@ def test_kernel_even_blocks(implementation, backward):
   readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation=implementation,
                               interpret=True, backward=backward,
                               block_sizes=BlockSizes(block_n=2, block_r=block_r))
-  _compare(readout, _inputs(N, Hq, R, D, jnp.float32, seed=2), 0.3, 2e-5)
+  _compare(readout, readout_inputs(N, Hq, R, D, jnp.float32, seed=2), 0.3, 2e-5)
 
 
 def test_xla_implementation_is_the_reference():
   readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="xla")
-  _compare(readout, _inputs(*SHAPE, jnp.float32), 0.5, 1e-7)
+  _compare(readout, readout_inputs(*SHAPE, jnp.float32), 0.5, 1e-7)
 
 
 # --- dispatch and input checks -------------------------------------------------
@@ -259,7 +229,7 @@ def test_forward_and_backward_lower(case, dtype):
 def test_lowering_rejects_what_interpret_accepts():
   """A non-power-of-2 Triton tile and a misaligned Mosaic block run in interpret
   mode but do not lower: the lowering checks above are not vacuous."""
-  q, mem, _, _ = _inputs(2, 16, 48, 128, jnp.float32)
+  q, mem, _, _ = readout_inputs(2, 16, 48, 128, jnp.float32)
   triton_fwd = functools.partial(triton_gpu.forward, sink_logit=0.0, scale=0.1,
                                  block_n=1, block_r=48)
   mosaic_fwd = functools.partial(mosaic_tpu.forward, sink_logit=0.0, scale=0.1,
@@ -280,7 +250,7 @@ def test_lowering_rejects_what_interpret_accepts():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_triton_on_gpu(dtype):
-  args = _inputs(300, 16, 121, 256, dtype)
+  args = readout_inputs(300, 16, 121, 256, dtype)
   readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="triton")
   # f32 dots on the GPU may run as TF32 inside XLA's reference.
   _compare(readout, args, 1.0, 3e-2 if dtype == jnp.bfloat16 else 5e-3)
@@ -289,7 +259,7 @@ def test_triton_on_gpu(dtype):
 @pytest.mark.tpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_mosaic_on_tpu(dtype):
-  args = _inputs(300, 16, 300, 256, dtype)
+  args = readout_inputs(300, 16, 300, 256, dtype)
   readout = functools.partial(sink_readout_kernel, scale=SCALE, implementation="mosaic_tpu",
                               block_sizes=BlockSizes(block_n=8, block_r=128))
   _compare(readout, args, 1.0, 3e-2 if dtype == jnp.bfloat16 else 5e-3)

@@ -410,9 +410,10 @@ def _methods(n_claims: int, m: int) -> str:
           f"t-test of this n detects with 80% power at α = 0.05/{m} (Holm's first step), "
           f"from the observed sd, on the noncentral t. Verdict: supported / reversed when "
           f"Holm p < 0.05, else not shown. A claim worded \"matches or beats\" or \"is not "
-          f"worse than\" is tested as non-inferiority (its margin beside it, declared in "
-          f"experiments/tools/report/margins.py after the runs: half the paper's memory "
-          f"gain, 1.09% of the baseline's loss, at this setting's baseline loss): p and the "
+          f"worse than\" is tested as non-inferiority (its margin beside it, declared after "
+          f"the runs in experiments/tools/reproduce/design.py and pinned by its digest: half "
+          f"the paper's memory gain, 1.09% of the baseline's loss, at this setting's "
+          f"baseline loss): p and the "
           f"sign-flip p test Δ = −margin (two-sided; the one-sided non-inferiority test at "
           f"α/2), the MDE is the distance above −margin; supported: non-inferior, reversed: "
           f"worse by more than the margin.")

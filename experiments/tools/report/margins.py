@@ -18,22 +18,21 @@ no treatment is not "as good". The paper's own v1-vs-v2 gap (2.8609 vs 2.8584, 0
 far inside it.
 
 Declared in Reproductions v3, AFTER the runs these claims compare were recorded and their
-two-sided tests printed: read them as declared post hoc. They belong with the claim
-family's declaration (experiments/tools/reproduce/design.py, pinned by `DECLARED`) and
-should move there.
+two-sided tests printed: read them as declared post hoc. The figures live with the claim
+families' declarations (`experiments.tools.reproduce.design.NONINFERIORITY`), pinned by
+their digest (`MARGINS_DECLARED`) as a family is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-# The paper's figures the margins come from (Lngram v2, Table 4: validation loss).
-PAPER_BASELINE, PAPER_V2_R16 = 2.8899, 2.8584
+from experiments.tools.reproduce.design import NONINFERIORITY
+
+PAPER_BASELINE, PAPER_V2_R16 = NONINFERIORITY.paper_baseline, NONINFERIORITY.paper_v2_r16
 PAPER_RELATIVE_GAIN = (PAPER_BASELINE - PAPER_V2_R16) / PAPER_BASELINE   # 1.09%
-SHARE = 0.5   # the share of the paper's memory gain a "no worse" arm may lose
-# Each setting's memory-free baseline, final validation bits per unit: the mean over its
-# five seeds as recorded when the margins were declared (a test recomputes it).
-BASELINE_BITS = {"bytes": 1.9131, "tokens": 5.7346}
+SHARE = NONINFERIORITY.share
+BASELINE_BITS = dict(NONINFERIORITY.baseline_bits)
 UNITS = {"bytes": "bits/byte", "tokens": "bits/token"}
 
 
@@ -53,12 +52,8 @@ def _half_the_paper_s_gain(setting: str) -> Margin:
 
 
 # (setting, claim text as the report words it) -> its margin.
-MARGINS = {
-    (setting, claim): _half_the_paper_s_gain(setting)
-    for setting in ("bytes", "tokens")
-    for claim in ("v2 r16 matches or beats v1 with 80% fewer total parameters",
-                  "the matched sparse FFN is not worse than the baseline")
-}
+MARGINS = {(setting, claim): _half_the_paper_s_gain(setting)
+           for setting, claim in NONINFERIORITY.claims}
 # Words that make a claim one of non-inferiority: every claim so worded needs a margin.
 WORDING = ("matches or beats", "not worse", "no worse", "at least as good")
 
@@ -69,5 +64,5 @@ def margin_for(setting: str, claim: str) -> Margin | None:
   found = MARGINS.get((setting, claim))
   if found is None and any(w in claim for w in WORDING):
     raise KeyError(f"{setting}: {claim!r} is worded as non-inferiority but has no declared "
-                   "margin (experiments/tools/report/margins.py)")
+                   "margin (experiments/tools/reproduce/design.py NONINFERIORITY)")
   return found

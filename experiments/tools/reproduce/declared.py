@@ -311,4 +311,9 @@ def main(root: Path | None = None) -> int:
     print(f"## {name}: digest {now[:16]}… ({state})\n")
     print(controls_section(root) if name == "controls_v3" else scale_section(root))
     print()
+  from experiments.tools.reproduce.design import MARGINS_DECLARED, NONINFERIORITY, margins_digest
+  now = margins_digest()
+  state = "as declared" if now == MARGINS_DECLARED else "CHANGED since their declaration"
+  print(f"## non-inferiority margins: digest {now[:16]}… ({state}; declared "
+        f"{NONINFERIORITY.declared})")
   return 0

@@ -151,16 +151,23 @@ def _train(run: Run, root: Path, smoke: bool) -> int:
 def queue_done(order: list[Run], by_key: dict[str, Run], root: Path,
                then_analyze: bool = False) -> set[str]:
   """The keys the queue counts as done: finished under `root`, or recorded, except a
-  recorded run whose checkpoint is needed here: another run of `order` not done starts
-  from it, or (with `then_analyze`) its record lacks analyses it is given. Such a run
-  trains again (a record mirrors its run's latest output)."""
+  recorded run whose checkpoint is needed here: a run of `order` that trains starts from
+  it (also one that trains again itself, so the chain is followed: a recorded insertion
+  trained again for its analyses needs its recorded baseline's checkpoint), or (with
+  `then_analyze`) its record lacks analyses it is given. Such a run trains again (a
+  record mirrors its run's latest output)."""
   here = {key for key, run in by_key.items() if finished(run, root)}
   kept = {key for key, run in by_key.items() if key not in here and recorded(run, root)}
-  need = {run.after for run in order
-          if run.after in kept and run.key not in here | kept}
+  trains = [run.key for run in order if run.key not in here | kept]
   if then_analyze:
-    need |= {run.key for run in order if run.key in kept
-             and not all(analysed(run, n, root) for n in wanted_analyses(run)[0])}
+    trains += [run.key for run in order if run.key in kept
+               and not all(analysed(run, n, root) for n in wanted_analyses(run)[0])]
+  need = {key for key in trains if key in kept}
+  while trains:
+    after = by_key[trains.pop()].after
+    if after in kept and after not in need:
+      need.add(after)
+      trains.append(after)
   return here | (kept - need)
 
 

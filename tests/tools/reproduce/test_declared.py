@@ -3,6 +3,7 @@ pinned digests, the v3 controls in the queue (configs, seeds, commands, stamps, 
 run), and their claims read from records (experiments/tools/reproduce/declared.py): byte
 runs on the deduplicated validation set, the stability measure, the scale check's."""
 
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,19 @@ from experiments.data.validation import Dedup, DocNames, read_per_doc, write_per
 from experiments.models import lm_config
 from experiments.models.params import branch_param_count
 from experiments.tools import reproduce
+from experiments.tools.reproduce import design
+
+
+def test_the_noninferiority_margins_are_pinned_as_declared():
+  """The margins are pinned like a family: an edit changes the digest and fails here; each
+  margin-bearing claim names a setting that has a declared baseline."""
+  margins = design.NONINFERIORITY
+  assert design.margins_digest(margins) == design.MARGINS_DECLARED
+  moved = dataclasses.replace(margins, share=0.4)
+  assert design.margins_digest(moved) != design.MARGINS_DECLARED
+  settings = dict(margins.baseline_bits)
+  assert margins.claims and all(setting in settings for setting, _ in margins.claims)
+  assert "post hoc" in margins.declared
 
 
 def test_every_family_is_pinned_as_declared():

@@ -117,6 +117,24 @@ def test_a_recorded_run_is_done_unless_a_run_starts_from_its_checkpoint(tmp_path
   assert reproduce.queue_done(order, by_key, tmp_path) >= {base.key, inserted.key, pkm.key}
 
 
+def test_a_recorded_run_trained_again_for_its_analyses_needs_its_base_again(tmp_path,
+                                                                           by_key):
+  """With `then_analyze`, a recorded insertion without its analyses trains again, and with
+  it the recorded baseline it starts from (whose checkpoint only its record lacked)."""
+  base, inserted = by_key["bytes/baseline_s1"], by_key["bytes/inserted_low_s1"]
+  for run in (base, inserted):
+    run_records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
+                             reproduce.run_dir(run, reproduce.records_root(tmp_path)))
+  order = reproduce.training_order([base, inserted], by_key)
+  assert reproduce.queue_done(order, by_key, tmp_path) >= {base.key, inserted.key}
+  assert "stability" in reproduce.wanted_analyses(inserted)[0]
+  done = reproduce.queue_done(order, by_key, tmp_path, then_analyze=True)
+  assert base.key not in done and inserted.key not in done
+  # Once the baseline finished here, only the insertion is left to train.
+  _finished(tmp_path, base, 2.0)
+  assert base.key in reproduce.queue_done(order, by_key, tmp_path, then_analyze=True)
+
+
 def test_a_rebuilt_checkpoint_is_used_right_after_it_trains(tmp_path, by_key, monkeypatch):
   """A run that starts from another trains right after it, not after the rest of its
   seed: a recorded baseline rebuilt for its insertions does not wait, unused (and lost
