@@ -32,7 +32,10 @@ record lacks analyses). Trained again, it must log its record's numbers bit for 
 (training is deterministic on one CPU type under the same XLA flags): one that differs
 keeps its record, starts no run from its checkpoint (those recorded from the old one
 would not pair with them) and is flagged DIFFERS by `list`; `list` also says how many
-logged steps agreed so far. The runs that start from another (insertion, Stage I) train
+logged steps agreed so far. The one exception is a twin: a recorded run that trains again
+with `--analyze` only for the analyses its record lacks may start from a base that
+differs; its record keeps its numbers and takes those analyses, named in `twin.json` with
+why and the base's first 200 steps (the young baseline is checked against them). The runs that start from another (insertion, Stage I) train
 right after it, so that its checkpoint is used before the machine is gone. `record`
 writes the records of finished runs that have none (a queue of an older version). A queue
 under another `--root` keeps its records in `<root>/records`. `--until=+MINUTES` (or an

@@ -34,6 +34,7 @@ from experiments.tools.reproduce.design import (
   plan,
   run_dir,
 )
+from experiments.tools.reproduce.records import TRAINING_KEYS, TWIN
 from experiments.tools.reproduce.state import final_bits_per_byte, finished
 from experiments.trainer.writers import read_metrics
 
@@ -166,34 +167,56 @@ def _table(family: Family, rows, unit: str) -> list[str]:
   return lines
 
 
-TRAINING_KEYS = ("train/loss", "train/grad_norm", "train/param_norm")
+def _first_difference(rows: list[dict], theirs: dict[int, dict]) -> tuple[int, int | None]:
+  """(logged steps equal, the first step whose training numbers differ or None)."""
+  equal = 0
+  for row in rows:
+    other = theirs.get(row.get("step"))
+    keys = [k for k in TRAINING_KEYS if other is not None and k in row and k in other]
+    if not keys:
+      continue
+    if any(row[k] != other[k] for k in keys):
+      return equal, row["step"]
+    equal += 1
+  return equal, None
 
 
 def young_check(root: Path) -> list[str]:
-  """Per seed: whether `baseline_young` logged its baseline's training numbers bit for bit
-  over the steps both logged (the young backbone is then the baseline's own step-200
-  state; their validation sets differ, so evaluations are not compared)."""
+  """Per seed: whether `baseline_young` logged, bit for bit over the steps both logged,
+  the training numbers of the baseline the mature insertion started from (the young
+  backbone is then the mature run's own step-200 state; their validation sets differ, so
+  evaluations are not compared): the baseline's record, or where the mature insertion's
+  analyses are a twin's, the retrained baseline that twin started from (TWIN)."""
   by_key = {r.key: r for r in plan()}
   out = []
   for run in plan():
     if run.name != YOUNG_BASE or not finished(run, root):
       continue
     base = by_key.get(f"{run.experiment}/baseline_s{run.seed}")
-    if base is None or not finished(base, root):
+    mature = by_key.get(f"{run.experiment}/inserted_low_s{run.seed}")
+    twin = _json(run_dir(mature, root) / TWIN) if mature is not None else None
+    if isinstance(twin, dict) and twin.get("base_training"):
+      rows, against = twin["base_training"], "the retrained baseline of its mature twin"
+    elif base is not None and finished(base, root):
+      rows, against = read_metrics(run_dir(base, root)), "its baseline"
+    else:
       continue
-    theirs = {r["step"]: r for r in read_metrics(run_dir(base, root)) if "step" in r}
-    equal, first = 0, None
-    for row in read_metrics(run_dir(run, root)):
-      other = theirs.get(row.get("step"))
-      keys = [k for k in TRAINING_KEYS if other is not None and k in row and k in other]
-      if not keys:
-        continue
-      if any(row[k] != other[k] for k in keys):
-        first = row["step"]
-        break
-      equal += 1
-    out.append(f"seed {run.seed}: " + (f"equal over {equal} logged steps" if first is None
-                                        else f"DIFFERS at step {first} (after {equal} equal)"))
+    theirs = {r["step"]: r for r in rows if "step" in r}
+    equal, first = _first_difference(read_metrics(run_dir(run, root)), theirs)
+    out.append(f"seed {run.seed} against {against}: "
+               + (f"equal over {equal} logged steps" if first is None
+                  else f"DIFFERS at step {first} (after {equal} equal)"))
+  return out
+
+
+def twin_lines(root: Path) -> list[str]:
+  """The records whose analyses are a twin's (TWIN): which, and why."""
+  out = []
+  for run in plan():
+    twin = _json(run_dir(run, root) / TWIN)
+    if isinstance(twin, dict):
+      names = ", ".join(Path(a).stem for a in twin.get("analyses", []))
+      out.append(f"{run.key} ({names}): {twin.get('differs', '')}")
   return out
 
 
@@ -213,9 +236,16 @@ def controls_section(root: Path | None = None) -> str:
            "", *_table(family, rows, "(bits/unit or agreement)")]
   young = young_check(root)
   if young:
-    lines += ["", f"`{YOUNG_BASE}` against its baseline's logged training (the young "
-                  "backbone is the mature run's own step-200 state where equal): "
-              + "; ".join(young) + "."]
+    lines += ["", f"`{YOUNG_BASE}` against the logged training of the baseline the mature "
+                  "insertion started from (the young backbone is the mature run's own "
+                  "step-200 state where equal): " + "; ".join(young) + "."]
+  twins = twin_lines(root)
+  if twins:
+    lines += ["", "Analyses from a twin (the run trained again from the same config, seed "
+                  "and batches, for analyses its record lacked; its numbers part from the "
+                  "record's at rounding level, so its analyses are another sample of the "
+                  "same arm and seed, while the record keeps its own numbers): "
+              + "; ".join(twins) + "."]
   left = [x for r in rows for x in r["left_out"]]
   if left:
     lines += ["", "Left out: " + ", ".join(sorted(set(left))) + "."]

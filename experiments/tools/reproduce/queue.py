@@ -160,8 +160,7 @@ def queue_done(order: list[Run], by_key: dict[str, Run], root: Path,
   kept = {key for key, run in by_key.items() if key not in here and recorded(run, root)}
   trains = [run.key for run in order if run.key not in here | kept]
   if then_analyze:
-    trains += [run.key for run in order if run.key in kept
-               and not all(analysed(run, n, root) for n in wanted_analyses(run)[0])]
+    trains += [run.key for run in order if run.key in kept and lacks_analyses(run, root)]
   need = {key for key in trains if key in kept}
   while trains:
     after = by_key[trains.pop()].after
@@ -171,16 +170,29 @@ def queue_done(order: list[Run], by_key: dict[str, Run], root: Path,
   return here | (kept - need)
 
 
-def _blocked_line(run: Run, root: Path, done: set[str], by_key: dict[str, Run]) -> str | None:
+def lacks_analyses(run: Run, root: Path) -> bool:
+  """The run's record lacks analyses the design gives it (`run --analyze` trains it
+  again for them)."""
+  return recorded(run, root) and not all(analysed(run, n, root)
+                                         for n in wanted_analyses(run)[0])
+
+
+def _blocked_line(run: Run, root: Path, done: set[str], by_key: dict[str, Run],
+                  then_analyze: bool = False) -> str | None:
   """Why `run` cannot start now, as the queue's skip line: its directory is an older
   design's, the run it starts from is not done, or that run was trained again and
-  differs from its record; None when nothing blocks it."""
+  differs from its record; None when nothing blocks it. A recorded run trained again
+  only for the analyses its record lacks (`then_analyze`) may start from a base that
+  differs from its record: it is then a twin, whose analyses its record takes and names
+  as a twin's (records.add_twin_analyses), while the record keeps its numbers."""
   if stale(run, root):
     return (f"skip {run.key}: {run_dir(run, root)} is stale (no {STAMP} of design {DESIGN}: "
             "an older design's run); move it away to train this run")
   if run.after is not None and run.after not in done:
     return f"skip {run.key}: waits for {run.after}"
   differs = run.after is not None and diverged(by_key[run.after], root)
+  if differs and then_analyze and lacks_analyses(run, root):
+    return None
   if differs:
     return (f"skip {run.key}: {run.after} {differs} Its recorded arms started from the "
             "record's checkpoint, so this one would not pair with them.")
@@ -212,7 +224,7 @@ def run_queue(runs: list[Run], root: Path, *, smoke: bool = False,
   for n, run in enumerate(order):
     if n % k != i or run.key in done:
       continue
-    blocked = _blocked_line(run, root, done, by_key)
+    blocked = _blocked_line(run, root, done, by_key, then_analyze)
     if blocked:
       print(blocked, flush=True)
       continue
@@ -257,7 +269,7 @@ def _claiming_queue(runs, root: Path, by_key, smoke: bool, max_runs, poll_s: flo
           and claims.holder(run_dir(by_key[run.after], root)) is not None):
         waiting.append(run.key)   # another process trains what it starts from
         continue
-      blocked = _blocked_line(run, root, done, by_key)
+      blocked = _blocked_line(run, root, done, by_key, then_analyze)
       if blocked:
         say(run.key, blocked)
         continue

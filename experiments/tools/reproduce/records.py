@@ -28,6 +28,10 @@ FILES = ("repro.json",            # the queue's stamp: design version, steps
          "attention_decay.json")  # a VLM base's visual attention against position
 ANALYSIS_GLOB = "analysis/*.json"  # `lngram-exp analyze` results of an LM run
 PROVENANCE = "provenance.json"
+# The analyses a kept record took from a retrain that differs from it (`add_twin_analyses`).
+TWIN = "twin.json"
+# The training numbers of a run compared bit for bit with another's (a twin's base in TWIN).
+TRAINING_KEYS = ("train/loss", "train/grad_norm", "train/param_norm")
 MANIFEST = "corpus_manifest.json"   # a byte run's corpus (experiments/data/corpus.py)
 TOKEN_DATA = "token_data.json"      # a token run's shards and tokenizer (data/tokens/run.py)
 
@@ -224,3 +228,37 @@ def write_record(workdir: Path, record_dir: Path) -> list[str]:
       _write_atomic(target, provenance.encode())
       written.append(PROVENANCE)
   return written
+
+
+def add_twin_analyses(workdir: Path, record_dir: Path, why: str,
+                      base_workdir: Path | None = None, base_steps: int = 0) -> list[str]:
+  """A record kept against a retrain that differs from it (`why`: another CPU's float
+  rounding, say) takes from the retrain the analyses it lacks: the retrain is a twin of
+  the recorded run (same config, seed and batches; its numbers part from the record's at
+  rounding level), so its analyses are a sample of the same arm and seed, not the
+  record's own, and TWIN says which they are, why, where they were computed and (with
+  `base_workdir`, the run it started from) the base's training numbers up to `base_steps`
+  (a run trained from the base's early state is then checked against the base the twin
+  really started from). Analyses
+  the record holds are never replaced; its own numbers stay. Returns the names written."""
+  workdir, record_dir = Path(workdir), Path(record_dir)
+  new = [p.relative_to(workdir) for p in sorted(workdir.glob(ANALYSIS_GLOB))
+         if p.is_file() and not (record_dir / p.relative_to(workdir)).exists()]
+  if not new:
+    return []
+  for name in new:
+    _write_atomic(record_dir / name, (workdir / name).read_bytes())
+  try:
+    before = json.loads((record_dir / TWIN).read_text()).get("analyses", [])
+  except (OSError, ValueError, AttributeError):
+    before = []
+  twin = {"analyses": sorted({*before, *map(str, new)}), "differs": why,
+          "provenance": run_provenance(workdir)}
+  if base_workdir is not None:
+    twin["base_training"] = [
+        {k: row[k] for k in ("step", *TRAINING_KEYS) if k in row}
+        for row in _metrics_rows(Path(base_workdir))
+        if isinstance(row.get("step"), int) and row["step"] <= base_steps
+        and any(k in row for k in TRAINING_KEYS)]
+  _write_atomic(record_dir / TWIN, (json.dumps(twin, indent=1, sort_keys=True) + "\n").encode())
+  return [*map(str, new), TWIN]

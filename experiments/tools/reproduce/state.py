@@ -12,7 +12,9 @@ from experiments.tools.reproduce.design import (
   DESIGN,
   STAMP,
   VLM,
+  YOUNG_STEPS,
   Run,
+  plan,
   records_root,
   run_dir,
   steps,
@@ -73,13 +75,16 @@ def recorded(run: Run, root: Path | None = None) -> bool:
 
 def record(run: Run, root: Path | None = None) -> list[str]:
   """Writes (or refreshes) the record of a run finished under `root`; the names written.
-  A record is kept, and says so, where the run trained again differs from it (`diverged`)."""
+  A record is kept, and says so, where the run trained again differs from it (`diverged`);
+  it then takes only the analyses it lacks, named as a twin's (`add_twin_analyses`)."""
   if not finished(run, root):
     return []
   differs = diverged(run, root)
   if differs:
     print(f"record {run.key} kept: {differs}", flush=True)
-    return []
+    base = next((run_dir(r, root) for r in plan() if r.key == run.after), None)
+    return run_records.add_twin_analyses(run_dir(run, root), run_dir(run, records_root(root)),
+                                         differs, base, YOUNG_STEPS)
   return run_records.write_record(run_dir(run, root), run_dir(run, records_root(root)))
 
 

@@ -262,14 +262,25 @@ def test_the_young_baseline_is_checked_against_its_baseline_s_logged_training(tm
     (workdir / reproduce.STAMP).write_text(json.dumps({"design": reproduce.DESIGN}))
     lines = extra + [{"step": final, "eval/bits_per_byte": 2.0 + final / 1000}]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-  assert reproduce.declared.young_check(tmp_path) == ["seed 0: equal over 20 logged steps"]
+  assert reproduce.declared.young_check(tmp_path) == [
+      "seed 0 against its baseline: equal over 20 logged steps"]
   workdir = reproduce.run_dir(by_key["bytes/baseline_young_s0"], tmp_path)
   changed = [dict(r, **({"train/loss": 9.0} if r["step"] == 50 else {})) for r in rows]
   changed.append({"step": 200, "eval/bits_per_byte": 2.2})
   (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
-  assert reproduce.declared.young_check(tmp_path) == ["seed 0: DIFFERS at step 50 (after 4 "
-                                                      "equal)"]
-  assert "seed 0: DIFFERS at step 50" in reproduce.controls_section(tmp_path)
+  assert reproduce.declared.young_check(tmp_path) == [
+      "seed 0 against its baseline: DIFFERS at step 50 (after 4 equal)"]
+  assert "seed 0 against its baseline: DIFFERS at step 50" in reproduce.controls_section(
+      tmp_path)
+  # Where the mature insertion's analyses are a twin's, the young baseline is checked
+  # against the retrained baseline that twin started from.
+  twin = reproduce.run_dir(by_key["bytes/inserted_low_s0"], tmp_path) / "twin.json"
+  twin.parent.mkdir(parents=True)
+  twin.write_text(json.dumps({"analyses": ["analysis/stability.json"], "differs": "why",
+                              "base_training": changed[:-1]}))
+  assert reproduce.declared.young_check(tmp_path) == [
+      "seed 0 against the retrained baseline of its mature twin: equal over 20 logged steps"]
+  assert "bytes/inserted_low_s0 (stability): why" in reproduce.controls_section(tmp_path)
 
 
 def test_v1_with_routes_set_apart_from_its_width():

@@ -622,3 +622,61 @@ def test_a_retrain_that_differs_keeps_its_record_and_starts_nothing_from_it(
   (reproduce.run_dir(base, tmp_path) / "metrics.jsonl").write_bytes(
       (reproduce.run_dir(base, tmp_path / "third") / "metrics.jsonl").read_bytes())
   assert reproduce.diverged(base, tmp_path) is None
+
+
+def test_a_recorded_insertion_trains_again_as_a_twin_for_the_analyses_it_lacks(
+    tmp_path, by_key, monkeypatch, capsys):
+  """A recorded insertion without its stability analysis trains again, for that analysis
+  only, from its baseline trained again here even where that baseline differs from its
+  record (another CPU's rounding): the record then keeps its numbers and takes the
+  analysis, named in TWIN as a twin's with why and the base's early training."""
+  base, low = by_key["bytes/baseline_s1"], by_key["bytes/inserted_low_s1"]
+  assert reproduce.wanted_analyses(low)[0] == ["stability"]
+  records = reproduce.records_root(tmp_path)
+  for run in (base, low):
+    run_records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
+                             reproduce.run_dir(run, records))
+  kept_metrics = (reproduce.run_dir(low, records) / "metrics.jsonl").read_bytes()
+  here = _finished(tmp_path, base, 2.0) / "metrics.jsonl"
+  here.write_text(here.read_text().replace('"time/step_s": 1.0}', '"time/step_s": 1.0, '
+                                           '"train/loss": 2.91903547}', 1))
+  old = reproduce.run_dir(base, records) / "metrics.jsonl"
+  old.write_text(old.read_text().replace('"time/step_s": 1.0}', '"time/step_s": 1.0, '
+                                         '"train/loss": 2.91903567}', 1))
+  assert reproduce.diverged(base, tmp_path)
+  # Without --analyze nothing starts from the differing baseline; with it, the twin does.
+  monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("trained"))
+  assert reproduce.run_queue([base, low], tmp_path, claim=True) == 0
+  assert f"skip {low.key}" not in capsys.readouterr().out   # done: nothing to train
+  trained, analysed = [], []
+
+  def call(command, **kw):
+    if command[3] == "analyze":
+      analysed.append(command)
+      _finished(tmp_path / "scratch", low, 2.0, analyses=("stability",))
+      (reproduce.run_dir(low, tmp_path) / "analysis").mkdir(exist_ok=True)
+      for name in ("stability.json",):
+        (reproduce.run_dir(low, tmp_path) / "analysis" / name).write_bytes(
+            (reproduce.run_dir(low, tmp_path / "scratch") / "analysis" / name).read_bytes())
+      return 0
+    trained.append(next(a for a in command if a.startswith("--workdir=")))
+    metrics = _finished(tmp_path, low, 2.0) / "metrics.jsonl"   # differs at the last digit
+    metrics.write_text(metrics.read_text().replace('"eval/bits_per_byte": 2.0,',
+                                                   '"eval/bits_per_byte": 2.0000001,'))
+    return 0
+
+  monkeypatch.setattr(subprocess, "call", call)
+  assert reproduce.run_queue([base, low], tmp_path, claim=True, then_analyze=True) == 0
+  assert trained == [f"--workdir={reproduce.run_dir(low, tmp_path)}"] and analysed
+  record = reproduce.run_dir(low, records)
+  assert (record / "metrics.jsonl").read_bytes() == kept_metrics   # its numbers stay
+  assert (record / "analysis" / "stability.json").exists()
+  twin = json.loads((record / run_records.TWIN).read_text())
+  assert twin["analyses"] == ["analysis/stability.json"]
+  assert twin["differs"].startswith("trained again, it differs from its record")
+  assert twin["base_training"] == [{"step": 10, "train/loss": 2.91903547}]
+  assert reproduce.analysed(low, "stability", tmp_path)
+  # A second retrain never replaces the record's analyses, twin's or not.
+  assert run_records.add_twin_analyses(reproduce.run_dir(low, tmp_path), record, "again") == []
+  assert [line for line in reproduce.declared.twin_lines(records)
+          if line.startswith(f"{low.key} (stability): trained again")]
