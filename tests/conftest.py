@@ -32,9 +32,9 @@ import pytest
 def _machine_fingerprint() -> str:
     """What a cached XLA:CPU executable depends on but jax's cache key leaves out: the
     host's instruction set (the code is compiled for the CPU it was built on, so an entry
-    written on an AVX-512 host crashes the process that loads it on another) and the
-    jax/jaxlib/Python versions. A home directory that moves between hosts keeps one cache
-    per kind of machine."""
+    written on a host with other extensions can crash the process that loads it: workers
+    segfaulted loading entries of a cache kept in a home directory that moved between
+    hosts) and the jax/jaxlib/Python versions. One cache per kind of machine."""
     import hashlib
     import platform
     import sys

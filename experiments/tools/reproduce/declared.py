@@ -27,10 +27,14 @@ from experiments.data import validation
 from experiments.tools.reproduce.design import (
   DECLARED,
   FAMILIES,
+  MARGINS_DECLARED,
   MEASURES,
+  NONINFERIORITY,
   RECORDS,
   YOUNG_BASE,
   Family,
+  declaration_digest,
+  margins_digest,
   plan,
   run_dir,
 )
@@ -334,14 +338,12 @@ def scale_section(root: Path | None = None) -> str:
 
 def main(root: Path | None = None) -> int:
   """`declared`: each family, its digest as declared and as computed, and its section."""
-  from experiments.tools.reproduce.design import declaration_digest
   for name, family in FAMILIES.items():
     now = declaration_digest(family)
     state = "as declared" if now == DECLARED.get(name) else "CHANGED since its declaration"
     print(f"## {name}: digest {now[:16]}… ({state})\n")
     print(controls_section(root) if name == "controls_v3" else scale_section(root))
     print()
-  from experiments.tools.reproduce.design import MARGINS_DECLARED, NONINFERIORITY, margins_digest
   now = margins_digest()
   state = "as declared" if now == MARGINS_DECLARED else "CHANGED since their declaration"
   print(f"## non-inferiority margins: digest {now[:16]}… ({state}; declared "

@@ -239,8 +239,8 @@ def add_twin_analyses(workdir: Path, record_dir: Path, why: str,
   record's own, and TWIN says which they are, why, where they were computed and (with
   `base_workdir`, the run it started from) the base's training numbers up to `base_steps`
   (a run trained from the base's early state is then checked against the base the twin
-  really started from). Analyses
-  the record holds are never replaced; its own numbers stay. Returns the names written."""
+  really started from). Analyses the record holds are never replaced; its own numbers
+  stay. Returns the names written."""
   workdir, record_dir = Path(workdir), Path(record_dir)
   new = [p.relative_to(workdir) for p in sorted(workdir.glob(ANALYSIS_GLOB))
          if p.is_file() and not (record_dir / p.relative_to(workdir)).exists()]
