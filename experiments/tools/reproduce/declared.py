@@ -214,13 +214,23 @@ def young_check(root: Path) -> list[str]:
 
 
 def twin_lines(root: Path) -> list[str]:
-  """The records whose analyses are a twin's (TWIN): which, and why."""
+  """The records whose analyses are a twin's (TWIN): which, why, and where the twin's
+  retrained base ended against its record's final validation bits."""
+  by_key = {r.key: r for r in plan()}
   out = []
   for run in plan():
     twin = _json(run_dir(run, root) / TWIN)
-    if isinstance(twin, dict):
-      names = ", ".join(Path(a).stem for a in twin.get("analyses", []))
-      out.append(f"{run.key} ({names}): {twin.get('differs', '')}")
+    if not isinstance(twin, dict):
+      continue
+    names = ", ".join(Path(a).stem for a in twin.get("analyses", []))
+    line = f"{run.key} ({names}): {twin.get('differs', '')}"
+    final, base = twin.get("base_final") or {}, by_key.get(run.after or "")
+    bits = next((v for k, v in final.items() if k.startswith("eval/")), None)
+    recorded_bits = final_bits_per_byte(base, root) if base is not None else None
+    if bits is not None and recorded_bits is not None:
+      line += (f" Its base {base.key}, retrained, ends at {bits:.4f} against its record's "
+               f"{recorded_bits:.4f} (Δ {bits - recorded_bits:+.4f})")
+    out.append(line)
   return out
 
 
@@ -245,11 +255,11 @@ def controls_section(root: Path | None = None) -> str:
                   "step-200 state where equal): " + "; ".join(young) + "."]
   twins = twin_lines(root)
   if twins:
-    lines += ["", "Analyses from a twin (the run trained again from the same config, seed "
-                  "and batches, for analyses its record lacked; its numbers part from the "
-                  "record's at rounding level, so its analyses are another sample of the "
-                  "same arm and seed, while the record keeps its own numbers): "
-              + "; ".join(twins) + "."]
+    lines += ["", "Analyses from a twin (the run trained again from the same config, seed, "
+                  "initialisation and batches, for analyses its record lacked; its numbers "
+                  "part from the record's at rounding level and the trajectories then drift "
+                  "apart, so its analyses are another realisation of the same arm and seed, "
+                  "while the record keeps its own numbers): " + "; ".join(twins) + "."]
   left = [x for r in rows for x in r["left_out"]]
   if left:
     lines += ["", "Left out: " + ", ".join(sorted(set(left))) + "."]

@@ -234,13 +234,14 @@ def add_twin_analyses(workdir: Path, record_dir: Path, why: str,
                       base_workdir: Path | None = None, base_steps: int = 0) -> list[str]:
   """A record kept against a retrain that differs from it (`why`: another CPU's float
   rounding, say) takes from the retrain the analyses it lacks: the retrain is a twin of
-  the recorded run (same config, seed and batches; its numbers part from the record's at
-  rounding level), so its analyses are a sample of the same arm and seed, not the
-  record's own, and TWIN says which they are, why, where they were computed and (with
-  `base_workdir`, the run it started from) the base's training numbers up to `base_steps`
-  (a run trained from the base's early state is then checked against the base the twin
-  really started from). Analyses the record holds are never replaced; its own numbers
-  stay. Returns the names written."""
+  the recorded run (same config, seed, initialisation and batches; its numbers part from
+  the record's at rounding level and the trajectories then drift apart), so its analyses
+  are another realisation of the same arm and seed, not the record's own, and TWIN says
+  which they are, why, where they were computed and (with `base_workdir`, the run it
+  started from) the base's training numbers up to `base_steps` (a run trained from the
+  base's early state is then checked against the base the twin really started from) and
+  its final validation bits. Analyses the record holds are never replaced; its own
+  numbers stay. Returns the names written."""
   workdir, record_dir = Path(workdir), Path(record_dir)
   new = [p.relative_to(workdir) for p in sorted(workdir.glob(ANALYSIS_GLOB))
          if p.is_file() and not (record_dir / p.relative_to(workdir)).exists()]
@@ -255,10 +256,17 @@ def add_twin_analyses(workdir: Path, record_dir: Path, why: str,
   twin = {"analyses": sorted({*before, *map(str, new)}), "differs": why,
           "provenance": run_provenance(workdir)}
   if base_workdir is not None:
+    base_rows = _metrics_rows(Path(base_workdir))
     twin["base_training"] = [
         {k: row[k] for k in ("step", *TRAINING_KEYS) if k in row}
-        for row in _metrics_rows(Path(base_workdir))
+        for row in base_rows
         if isinstance(row.get("step"), int) and row["step"] <= base_steps
         and any(k in row for k in TRAINING_KEYS)]
+    # The retrained base's last validation bits: how far a rounding-level difference
+    # carries by the end of training (the record's own base says where it ended).
+    finals = [(row["step"], _bits(row)) for row in base_rows if _bits(row) is not None]
+    if finals:
+      step, (key, value) = finals[-1]
+      twin["base_final"] = {"step": step, key: value}
   _write_atomic(record_dir / TWIN, (json.dumps(twin, indent=1, sort_keys=True) + "\n").encode())
   return [*map(str, new), TWIN]

@@ -637,7 +637,7 @@ def test_a_recorded_insertion_trains_again_as_a_twin_for_the_analyses_it_lacks(
     run_records.write_record(_finished(tmp_path / "elsewhere", run, 2.0),
                              reproduce.run_dir(run, records))
   kept_metrics = (reproduce.run_dir(low, records) / "metrics.jsonl").read_bytes()
-  here = _finished(tmp_path, base, 2.0) / "metrics.jsonl"
+  here = _finished(tmp_path, base, 2.01) / "metrics.jsonl"
   here.write_text(here.read_text().replace('"time/step_s": 1.0}', '"time/step_s": 1.0, '
                                            '"train/loss": 2.91903547}', 1))
   old = reproduce.run_dir(base, records) / "metrics.jsonl"
@@ -675,8 +675,11 @@ def test_a_recorded_insertion_trains_again_as_a_twin_for_the_analyses_it_lacks(
   assert twin["analyses"] == ["analysis/stability.json"]
   assert twin["differs"].startswith("trained again, it differs from its record")
   assert twin["base_training"] == [{"step": 10, "train/loss": 2.91903547}]
+  assert twin["base_final"] == {"step": 600, "eval/bits_per_byte": 2.01}
   assert reproduce.analysed(low, "stability", tmp_path)
   # A second retrain never replaces the record's analyses, twin's or not.
   assert run_records.add_twin_analyses(reproduce.run_dir(low, tmp_path), record, "again") == []
-  assert [line for line in reproduce.declared.twin_lines(records)
-          if line.startswith(f"{low.key} (stability): trained again")]
+  [line] = reproduce.declared.twin_lines(records)
+  assert line.startswith(f"{low.key} (stability): trained again")
+  assert line.endswith(f"Its base {base.key}, retrained, ends at 2.0100 against its "
+                       "record's 2.0000 (Δ +0.0100)")
