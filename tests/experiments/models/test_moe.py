@@ -5,6 +5,9 @@ test_moe_parallel.py."""
 
 import json
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import chex
 import jax
@@ -13,7 +16,6 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.experimental.compilation_cache import compilation_cache
 
 from experiments.configs import load_config
 from experiments.jobs import run_train
@@ -176,22 +178,20 @@ def _moe_lm(**moe_fields):
   return _lm(moe_layers=(1, 2), moe=moe_config)
 
 
-@pytest.fixture
-def no_compilation_cache():
-  """The persistent compilation cache off for one test, even when an earlier test in the
-  process already used it (jax decides whether the cache is on once per process, so the
-  config flag alone changes nothing until the cache is reset). Loading this test's cached
-  executables (the scanned MoE forward, the cached decode) crashed the process (a segfault
-  in jax 0.10.2's `get_executable_and_time`) on a warm cache."""
-  before = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  compilation_cache.reset_cache()
-  yield
-  jax.config.update("jax_enable_compilation_cache", before)
-  compilation_cache.reset_cache()
+def test_moe_layers_leave_the_other_layers_draws_and_scan_equals_unrolled(child_env):
+  """Runs `_scan_and_decode_agree` in a fresh process (the suite's XLA flags, no
+  persistent cache): compiling its scanned-MoE and cached-decode programs late in a
+  long-lived test worker segfaulted inside XLA:CPU (jax 0.10.2, in the compile and in
+  loading the compile from the cache), while the same code passes in a fresh process."""
+  code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from test_moe import _scan_and_decode_agree; _scan_and_decode_agree()")
+  env = dict(child_env(1), JAX_ENABLE_COMPILATION_CACHE="false")
+  done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
-def test_moe_layers_leave_the_other_layers_draws_and_scan_equals_unrolled(no_compilation_cache):
+def _scan_and_decode_agree():
   config = _moe_lm()
   model = DecoderLM(config, rngs=nnx.Rngs(0))
   dense = DecoderLM(_lm(), rngs=nnx.Rngs(0))
