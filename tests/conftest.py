@@ -3,7 +3,7 @@
 Runs before any test module imports jax: exposes 8 host (CPU) devices so that
 sharding tests work on a single machine, compiles without LLVM's optimisation
 passes (the tests' time is compile time), and turns on a persistent compilation
-cache, which child processes share. The platform itself is not forced, so a GPU
+cache for the session, which child processes share. The platform itself is not forced, so a GPU
 or TPU is used when present.
 """
 
@@ -28,32 +28,28 @@ os.environ["XLA_FLAGS"] = _xla_flags
 import jax
 import pytest
 
+# The persistent compilation cache lives for one test session: a fresh directory made by
+# the first process to load this file (the xdist controller, whose environment the workers
+# and every child process inherit) and removed when that session ends. A cache kept across
+# sessions crashed workers: every CI failure with a warm cache (four runs) was a segfault or
+# abort of a worker loading, or soon after loading, an XLA:CPU executable of an earlier
+# session, while every run that started cold passed. LNGRAM_JAX_CACHE_DIR names a directory
+# to keep instead (warm local reruns).
+_OWN_CACHE = "LNGRAM_JAX_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    import tempfile
 
-def _machine_fingerprint() -> str:
-    """What a cached XLA:CPU executable depends on but jax's cache key leaves out: the
-    host's instruction set (the code is compiled for the CPU it was built on, so an entry
-    written on a host with other extensions can crash the process that loads it: workers
-    segfaulted loading entries of a cache kept in a home directory that moved between
-    hosts) and the jax/jaxlib/Python versions. One cache per kind of machine."""
-    import hashlib
-    import platform
-    import sys
-
-    import jaxlib
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        cpu = ""
-    parts = (platform.machine(), platform.processor(), " ".join(sorted(cpu.split())),
-             jax.__version__, jaxlib.__version__, sys.version)
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    os.environ["LNGRAM_JAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="lngram-jax-xla-")
+    os.environ["LNGRAM_JAX_CACHE_OWNER"] = str(os.getpid())
+_CACHE_DIR = os.environ["LNGRAM_JAX_CACHE_DIR"]
 
 
-_CACHE_DIR = os.environ.get("LNGRAM_JAX_CACHE_DIR") or os.path.join(
-    os.path.expanduser("~"), ".cache", "lngram-jax", "xla", _machine_fingerprint()
-)
+def pytest_sessionfinish(session, exitstatus):
+    """The process that made the session's cache removes it at the end."""
+    if _OWN_CACHE and os.environ.get("LNGRAM_JAX_CACHE_OWNER") == str(os.getpid()):
+        import shutil
+
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 def _set_config(name, value):

@@ -15,7 +15,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from lowering import lower_text
-from moe_suite import _values_and_grads
+from test_moe import _values_and_grads
 
 from experiments.models import moe, moe_reference
 from experiments.models.moe import MoEConfig, MoEFFN
