@@ -49,7 +49,8 @@ def test_suite_is_valid_bash():
                          ids=lambda v: v if isinstance(v, str) and "." not in v else "")
 def test_full_size_command_parses(name, module, args, tmp_path):
   shell_values = {"$OUT": str(tmp_path), "$scale_budget": "510",
-                  "$JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+                  "$JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+                  "$SCALE_DATA": "pkg:json", "$SCALE_SEEDS": "0,1"}
   for var, value in shell_values.items():
     args = [a.replace(var, value) for a in args]
   assert not [a for a in args if "$" in a], args   # a shell value this test does not know

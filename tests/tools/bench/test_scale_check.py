@@ -3,9 +3,11 @@ the deadline skips what cannot finish; and at full scale: the arms matched by th
 parameter accounting, the data refused at one epoch or more."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +124,21 @@ def test_data_read_once_or_more_is_refused(tmp_path):
     scale_check.resolve_data("pkg:no_such_package_here")
   folder, about = scale_check.resolve_data("pkg:json")   # the standard library's json
   assert folder.endswith("json") and about["spec"] == "pkg:json"
+
+
+@pytest.mark.slow  # reads and deduplicates ~50 MB of source text (~15 s)
+def test_the_gpu_suite_s_default_data_passes_the_full_size_check(tmp_path):
+  """The GPU suite's step 9 trains on SCALE_CHECK_DATA, by default the transformers package
+  the GPU image holds: at the declared scale it must hold >= MIN_TRAIN_BYTES that 1,000
+  steps read less than once (else the device run would stop at its data check)."""
+  suite = (Path(scale_check.__file__).parent / "gpu_suite.sh").read_text()
+  [default] = re.findall(r"^SCALE_DATA=\$\{SCALE_CHECK_DATA:-([^}]+)\}$", suite, re.M)
+  assert "--data \"$SCALE_DATA\"" in suite
+  result = scale_check.run(tmp_path, budget_s=0, arms=["baseline"], data=default,
+                           records=str(tmp_path / "records"), log=lambda *_: None)
+  assert result["data"]["train_bytes"] >= scale_check.MIN_TRAIN_BYTES
+  assert result["data"]["epochs"] < 1 and result["data"]["spec"] == default
+  assert [a["status"] for a in result["arms"]] == ["skipped"]   # no time: nothing compiled
 
 
 def test_the_scale_is_the_declared_one():
