@@ -3,8 +3,8 @@
 Runs before any test module imports jax: exposes 8 host (CPU) devices so that
 sharding tests work on a single machine, compiles without LLVM's optimisation
 passes (the tests' time is compile time), and turns on a persistent compilation
-cache for the session, which child processes share. The platform itself is not forced, so a GPU
-or TPU is used when present.
+cache for the session, which child processes share. The platform itself is not
+forced, so a GPU or TPU is used when present.
 """
 
 import os

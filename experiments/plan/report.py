@@ -175,7 +175,7 @@ def compile_for_target(run, *, on_tpu: bool) -> dict:
   lowered = traced.lower()
   try:
     if on_tpu:
-      with _no_compilation_cache():
+      with no_compilation_cache():
         compiled = lowered.compile()
     else:
       compiled = lowered.compile(FAST_COMPILE)
@@ -200,16 +200,21 @@ def compile_for_target(run, *, on_tpu: bool) -> dict:
 
 
 @contextlib.contextmanager
-def _no_compilation_cache():
+def no_compilation_cache():
   """A TPU topology's executable is stored by a persistent compilation cache but cannot
-  be loaded back without TPU devices: such compiles skip the cache."""
+  be loaded back without TPU devices: such compiles skip the cache. jax decides once per
+  process whether the cache is used (at the first compile), so switching the flag alone
+  changes nothing after a compile: the cache's state is reset on the way in and out."""
   import jax
+  from jax.experimental.compilation_cache import compilation_cache
   before = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", before)
+    compilation_cache.reset_cache()
 
 
 def remat_policy(model) -> str:

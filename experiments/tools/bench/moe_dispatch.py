@@ -72,7 +72,7 @@ def _compile(module, call, devices, mesh_block: dict, tokens_per_chip: int) -> d
   from experiments.models.layout import BATCH_AXES, EXPERT_WEIGHTS
   from experiments.plan.abstract import bytes_per_device
   from experiments.plan.collectives import collective_bytes
-  from experiments.plan.report import _no_compilation_cache
+  from experiments.plan.report import no_compilation_cache
   from experiments.trainer import placement
 
   mesh = placement.make_train_mesh(mesh_block, devices=devices)
@@ -96,7 +96,7 @@ def _compile(module, call, devices, mesh_block: dict, tokens_per_chip: int) -> d
       return jnp.sum(y.astype(jnp.float32) * x_BxTxD.astype(jnp.float32))
     return jax.grad(objective, argnums=(0, 1))(params, x_BxTxD)
 
-  with _no_compilation_cache():
+  with no_compilation_cache():
     compiled = jax.jit(step).trace(params, x).lower().compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
