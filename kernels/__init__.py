@@ -10,6 +10,10 @@
                  table row and its one-bit neighbours (row XOR 2^k), and the
                  scatter-add of g onto the row (atomics; Triton only, glue
                  `lngram_jax.surrogate_pallas`).
+  attention      causal attention within segments (splash on TPU, jax's
+                 Triton flash attention on GPU).
+  grouped_matmul the MoE's grouped matmul (megablox on TPU, Triton gmm/tgmm
+                 on GPU, where XLA computes ragged_dot densely).
 
 The ops are standalone: this package imports nothing from `lngram_jax`,
 `pvm_jax` or `experiments`. They are the readout core of "Lngram v2: Latent

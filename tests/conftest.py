@@ -25,6 +25,13 @@ for _flag, _value in _TEST_XLA_FLAGS.items():
         _xla_flags = f"{_xla_flags} {_flag}={_value}".strip()
 os.environ["XLA_FLAGS"] = _xla_flags
 
+# jax's CUDA plugin (the [gpu-compile] extra, which the test command installs) on a
+# machine without a GPU driver: its start-up lines and configuration traceback stay off
+# stderr, and it registers, so that tests compile for GPUs (experiments/plan/gpu.py).
+from experiments.plan.gpu import quiet_cuda_startup  # noqa: E402
+
+quiet_cuda_startup()
+
 import jax
 import pytest
 

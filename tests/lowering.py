@@ -34,3 +34,30 @@ def tpu_devices(topology: str = "v5e:2x2"):
   if not tpu.libtpu_available():
     pytest.skip("needs libtpu (pip install -e '.[tpu]')")
   return tpu.topology_devices(topology)
+
+
+# The GPUs the kernels are compiled for: sm_90 (H100, H800, H200) and sm_80 (A100).
+GPU_TARGETS = {"sm90": "h100:1", "sm80": "a100:1"}
+
+
+def gpu_compiled_text(fn, avals, target: str = "h100:1") -> str:
+  """`fn` jitted and compiled by XLA:GPU for one GPU of `target` (the device-less GPU
+  compiler of jax's CUDA plugin, experiments/plan/gpu.py), its program as text: Pallas
+  Triton kernels are compiled to the chip there, their blocks checked against its shared
+  memory. Skips when the plugin is absent (pip install -e '.[gpu-compile]')."""
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from experiments.plan import gpu
+  from experiments.plan.report import no_compilation_cache
+  if not gpu.compiler_available():
+    pytest.skip(f"needs the GPU compiler ({gpu.EXTRA})")
+  mesh = Mesh(np.array(gpu.target_devices(target)), ("gpu",))
+  placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
+            for a in avals]
+  traced = jax.jit(fn).trace(*placed)
+  with gpu.lowering_device(list(mesh.devices.flat)):
+    lowered = traced.lower()
+  with no_compilation_cache():   # a GPU executable cannot be loaded back on this host
+    return lowered.compile().as_text()

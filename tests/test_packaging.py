@@ -43,10 +43,13 @@ def test_the_test_command_installs_the_plugins_its_flags_need():
     dev = " ".join(_pyproject()["project"]["optional-dependencies"]["dev"])
     if re.search(r"\s-n\s*\d", line):
         assert "pytest-xdist" in dev
-    assert "pip install -e '.[dev,tpu]'" in line
-    # The TPU compiler, so that the TPU-target plan tests run in CI rather than skip.
-    tpu = " ".join(_pyproject()["project"]["optional-dependencies"]["tpu"])
-    assert "jax[tpu]" in tpu
+    assert "pip install -e '.[dev,tpu,gpu-compile]'" in line
+    # The TPU compiler and the GPU compiler, so that the TPU- and GPU-target plan tests and
+    # the kernels' GPU compiles run in CI rather than skip.
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert "jax[tpu]" in " ".join(extras["tpu"])
+    # jax's CUDA plugin at jax's version, without NVIDIA's libraries (cuda12-local).
+    assert "jax[cuda12-local]" in " ".join(extras["gpu-compile"])
 
 
 def _pyproject():
@@ -158,9 +161,12 @@ def test_every_imported_package_is_declared():
 
 
 def test_the_wheel_leaves_out_the_tools_and_the_records():
-    """Only the notebooks ride along as package data: the tools, the run records and
-    RESULTS.md run and stay in a checkout."""
+    """Only the notebooks and the GPU specs the plan compiles for ride along as package
+    data: the tools, the run records and RESULTS.md run and stay in a checkout."""
     setuptools_config = _pyproject()["tool"]["setuptools"]
     assert setuptools_config.get("include-package-data") is False
-    assert setuptools_config["package-data"] == {"experiments": ["notebooks/*.ipynb"]}
+    assert setuptools_config["package-data"] == {
+        "experiments": ["notebooks/*.ipynb", "plan/gpu_specs/*.txtpb"]}
+    specs = sorted(p.stem for p in (ROOT / "experiments/plan/gpu_specs").glob("*.txtpb"))
+    assert specs == ["a100", "h100", "h200", "h800"]
     assert "experiments.tools*" in setuptools_config["packages"]["find"]["exclude"]

@@ -130,6 +130,8 @@ def run_main(argv: list[str] | None = None) -> int:
     print(text, file=sys.stderr if status else sys.stdout)
     return status
   debug = any(a in ("--debug", "--debug=true", "--debug=1") for a in argv)
+  from experiments.plan.gpu import quiet_cuda_startup
+  quiet_cuda_startup()    # jax's CUDA plugin (the [gpu-compile] extra) without a GPU driver
   from experiments.plan.tpu import quiet_backend_probe
   quiet_backend_probe()   # libtpu (the [tpu] extra) on a machine without TPU chips
   try:

@@ -98,10 +98,10 @@ def line_bytes(line: str, shapes: dict[str, str] | None = None) -> tuple[str, fl
 def _async_results(shape: str) -> str:
   """The results element of an async start's tuple shape `((ins...), (outs...), ...)`."""
   depth, parts, current = 0, [], ""
-  for ch in shape[1:-1]:
-    if ch == "(":
+  for ch in shape[1:-1]:   # commas inside (...), [dims] and {layout} do not split
+    if ch in "([{":
       depth += 1
-    elif ch == ")":
+    elif ch in ")]}":
       depth -= 1
     if ch == "," and depth == 0:
       parts.append(current)

@@ -13,20 +13,28 @@ Sources, one tag per number in the text:
   [jaxpr]    matmul FLOPs of the traced step (experiments/plan/jaxpr_flops.py): global,
              independent of how a backend lowers them
   [model]    the projection on the named accelerator (experiments/plan/accelerators.py)
-The step is compiled for XLA:CPU host devices standing in for the accelerators: the
-partitioning, the collectives and the buffer sizes are those of the same program,
-but a GPU/TPU compiler fuses differently, so temporaries and peak are indicative.
+The step is compiled by the target's own compiler (compile.py: XLA:GPU for a GPU target,
+XLA:TPU for a TPU topology), or without a target for XLA:CPU host devices, whose
+partitioning and collectives are the same program's but whose memory is never a verdict
+(`verdict`: then the named chip's own compiler for as many devices, or the estimate).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
-from experiments.plan import accelerators, tpu
-from experiments.plan.abstract import FAST_COMPILE, bytes_per_device
+from experiments.plan import accelerators, gpu, tpu
+from experiments.plan.abstract import bytes_per_device
 from experiments.plan.collectives import OPS, collective_bytes
+from experiments.plan.compile import (  # noqa: F401  (no_compilation_cache: a public name here)
+  compile_for_target,
+  compiler_of,
+  no_compilation_cache,
+  own_chip_compile,
+  target_chip_and_devices,
+  usable_memory,
+)
 from experiments.plan.jaxpr_flops import jaxpr_flops
 from experiments.plan.jobs import planner
 from experiments.trainer import placement as mesh_lib
@@ -52,20 +60,21 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
 
   devices: the CPU devices to compile for (at least the mesh's size; default this
     process's), when there is no `target`.
-  target: a TPU topology (`v5p:2x2x2`): the step is compiled by the TPU compiler for its
-    devices, whose count the mesh must have, and the chip is that generation's.
-  proxy: without a target, also compile the step for a TPU topology of the same device
-    count as a stand-in for the named chip (experiments/plan/tpu.py; needs libtpu), so
-    that the fit verdict never rests on XLA:CPU's memory (`verdict`)."""
+  target: a TPU topology (`v5p:2x2x2`) or GPU target (`h800:8`, `h800:8x8`): the step
+    is compiled by that chip's compiler for its devices, whose count the mesh must
+    have, and the chip is the target's.
+  proxy: without a target, also compile the step for the named chip's own compiler
+    (a GPU: XLA:GPU for as many of them, experiments/plan/gpu.py; a TPU: a topology of
+    its generation, experiments/plan/tpu.py), so that the fit verdict never rests on
+    XLA:CPU's memory (`verdict`)."""
   import jax
   chip = accelerators.accelerator(accelerator)
   accelerators.projected_step_s(chip, flops=0.0, collective_bytes=0.0, devices=1, mfu=mfu)
   sizes = refuse_mesh(config, block)
   n = math.prod(sizes.values())
+  compiler = compiler_of(target)
   if target:
-    generation, _ = tpu.parse_topology(target)
-    chip = accelerators.accelerator(tpu.ACCELERATOR[generation])
-    devices = tpu.topology_devices(target)
+    chip, devices = target_chip_and_devices(target)
     if len(devices) != n:
       raise ValueError(f"--mesh has {n} device{'s' if n > 1 else ''} "
                        f"({_mesh_text(sizes)}); --target={target} has {len(devices)}: give "
@@ -79,7 +88,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   t0 = time.perf_counter()
   job = planner(config)
   run, mc, geo = job.abstract_run(config, mesh)
-  step = compile_for_target(run, on_tpu=bool(target))
+  step = compile_for_target(run, compiler=compiler, devices=devices)
   seconds = time.perf_counter() - t0
   memory, cost, compiled, jaxpr = step["memory"], step["cost"], step["compiled"], step["jaxpr"]
   moved = collective_bytes(compiled.as_text()) if compiled is not None else _no_collectives()
@@ -113,7 +122,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
       "block": sizes, "devices": n, "batch": B, "seq_len": T, "tokens": run.tokens,
       "steps": int(config.train.steps), "compile_s": seconds,
       "accelerator": chip, "mfu": mfu, "target": target,
-      "compiler": "XLA:TPU" if target else "XLA:CPU",
+      "compiler": compiler,
       "params": {"count": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
                  "formula": counts, "bytes": bytes_per_device(params),
                  "experts": routed_expert_bytes(params)},
@@ -121,17 +130,20 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
       "activations_estimate": estimate["activations"],
       "estimate_peak": estimate["params"] + estimate["optimizer"] + estimate["activations"],
       "xla": {**memory, "flops": flops, "bytes_accessed": float(cost.get("bytes accessed", 0.0))},
-      "hbm_usable": tpu.usable_hbm(devices) if target else None,
+      "hbm_usable": usable_memory(target, devices),
       "flops_formula": formula, "flops_jaxpr": matmul, "collectives": moved,
       "collective_bytes": sent, "remat": remat_policy(run.model),
       "dense_ragged": dense_ragged, "grad_accum": accum, "qwen3vl": vl,
       "loss_chunks": loss_chunks(run.model, B, T),
+      "hosts": hosts_of(target),
       "projection": accelerators.projected_step_s(chip, flops=timed_flops,
-                                                  collective_bytes=sent, devices=n, mfu=mfu),
+                                                  collective_bytes=sent, devices=n, mfu=mfu,
+                                                  hosts=hosts_of(target)),
       "hlo": compiled.as_text() if compiled is not None else step["error"],
-      "oom": step["oom"],
+      "oom": step["oom"], "compiler_notes": step["notes"],
   }
-  result["proxy"] = (proxy_compile(config, sizes, chip) if proxy and not target else None)
+  result["proxy"] = (own_chip_compile(config, sizes, accelerator) if proxy and not target
+                     else None)
   result["verdict"] = verdict(result)
   return result
 
@@ -166,57 +178,6 @@ def _mesh_text(sizes: dict) -> str:
   return ",".join(f"{a}={s}" for a, s in sizes.items() if s > 1) or "one device"
 
 
-def compile_for_target(run, *, on_tpu: bool) -> dict:
-  """The run's step compiled for its mesh's devices: {"compiled", "jaxpr", "memory"
-  (argument, output, alias, temp, peak bytes per device), "cost", "oom", "error"}. A
-  TPU compile refused for memory gives compiled None and the compiler's figures in
-  `oom` (temp: what it needed, usable: what a device has)."""
-  traced = run.step.trace(run.state, run.rest, run.batch)
-  lowered = traced.lower()
-  try:
-    if on_tpu:
-      with no_compilation_cache():
-        compiled = lowered.compile()
-    else:
-      compiled = lowered.compile(FAST_COMPILE)
-  except Exception as e:
-    oom = tpu.out_of_memory(e) if on_tpu else None
-    if oom is None:
-      raise
-    arguments = bytes_per_device(run.state) + bytes_per_device(run.batch)
-    memory = {"argument": arguments, "output": 0, "alias": 0, "temp": oom["temp"] or 0,
-              "peak": arguments + (oom["temp"] or 0)}
-    return {"compiled": None, "jaxpr": traced.jaxpr, "memory": memory, "cost": {},
-            "oom": oom, "error": oom["message"]}
-  m = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  memory = {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
-            "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes,
-            "peak": (m.argument_size_in_bytes + m.output_size_in_bytes
-                     - m.alias_size_in_bytes + m.temp_size_in_bytes)}
-  return {"compiled": compiled, "jaxpr": traced.jaxpr, "memory": memory, "cost": cost or {},
-          "oom": None, "error": None}
-
-
-@contextlib.contextmanager
-def no_compilation_cache():
-  """A TPU topology's executable is stored by a persistent compilation cache but cannot
-  be loaded back without TPU devices: such compiles skip the cache. jax decides once per
-  process whether the cache is used (at the first compile), so switching the flag alone
-  changes nothing after a compile: the cache's state is reset on the way in and out."""
-  import jax
-  from jax.experimental.compilation_cache import compilation_cache
-  before = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  compilation_cache.reset_cache()
-  try:
-    yield
-  finally:
-    jax.config.update("jax_enable_compilation_cache", before)
-    compilation_cache.reset_cache()
-
-
 def remat_policy(model) -> str:
   """What the backward keeps of the decoder blocks (LMConfig.remat)."""
   if getattr(model, "remat", False):
@@ -225,51 +186,45 @@ def remat_policy(model) -> str:
   return "off: the backward keeps every block's intermediates"
 
 
-GPU_PROXY_GENERATION = "v5p"   # the TPU whose compiler stands in for a GPU's (most HBM)
+def _gpu_name(chip) -> str | None:
+  """The GPU name (h100, ...) of an accelerator row, or None for a TPU."""
+  return next((k for k in gpu.GPUS if accelerators.ACCELERATORS[k] == chip), None)
 
 
-def proxy_compile(config, sizes: dict, chip) -> dict | None:
-  """The same step compiled for a TPU topology of the same device count, standing in for
-  `chip` (a GPU: v5p; a TPU: its own generation), or None when libtpu is absent or no
-  topology has that count: {"topology", "memory", "oom", "usable", "compile_s"}."""
-  n = math.prod(sizes.values())
-  generation = next((g for g, row in tpu.ACCELERATOR.items()
-                     if accelerators.accelerator(row) == chip), GPU_PROXY_GENERATION)
-  topology = tpu.proxy_topology(generation, n)
-  if topology is None or not tpu.libtpu_available():
-    return None
-  devices = tpu.topology_devices(topology)
-  mesh = mesh_lib.make_train_mesh(sizes, devices=devices)
-  t0 = time.perf_counter()
-  step = compile_for_target(planner(config).abstract_run(config, mesh)[0], on_tpu=True)
-  return {"topology": topology, "memory": step["memory"], "oom": step["oom"],
-          "usable": tpu.usable_hbm(devices), "compile_s": time.perf_counter() - t0,
-          "same_chip": generation != GPU_PROXY_GENERATION or chip.name.startswith("TPU")}
+def estimate_capacity(chip, target: str | None = None) -> float:
+  """Memory one device may use when no compiler says: a GPU's allocator share of its
+  memory (experiments/plan/gpu.py), a TPU device's HBM."""
+  name = _gpu_name(chip)
+  if name is not None:
+    return gpu.usable_bytes(name)
+  return chip.hbm_bytes / (tpu.devices_per_chip(target.split(":")[0]) if target else 1)
 
 
 def verdict(r: dict) -> dict:
   """FITS or DOES NOT FIT, and from what: {"fits", "peak", "capacity", "source",
-  "lower_bound"}. Never XLA:CPU's memory: a TPU target's own compile; else a TPU proxy's
-  compile of the same step; else the analytic estimate (parameters + optimizer state +
-  activations, experiments/jobs/checks.memory_plan)."""
+  "lower_bound"}. Never XLA:CPU's memory: the target's own compile (XLA:TPU or
+  XLA:GPU); else the named chip's own compiler for as many devices; else the
+  analytic estimate (parameters + optimizer state + activations,
+  experiments/jobs/checks.memory_plan)."""
   chip = r["accelerator"]
-  per_device = chip.hbm_bytes / (tpu.devices_per_chip(r["target"].split(":")[0])
-                                 if r["target"] else 1)
   if r["target"]:
-    usable = r["hbm_usable"] or per_device
+    is_gpu = gpu.is_gpu_target(r["target"])
+    usable = r["hbm_usable"] or estimate_capacity(chip, r["target"])
     peak = r["xla"]["peak"]
+    source = (f"XLA:GPU {gpu.parse_target(r['target'])[0]}" if is_gpu
+              else f"XLA:TPU {r['target']}")
     return {"fits": peak <= usable and r["oom"] is None, "peak": peak, "capacity": usable,
-            "source": f"XLA:TPU {r['target']}", "lower_bound": r["oom"] is not None}
-  proxy = r.get("proxy")
-  if proxy is not None:
-    peak = proxy["memory"]["peak"]
-    if proxy["oom"] is None or peak > per_device:   # an OOM's figure is a lower bound
-      capacity = min(per_device, proxy["usable"]) if proxy["same_chip"] else per_device
-      return {"fits": peak <= capacity and proxy["oom"] is None, "peak": peak,
-              "capacity": capacity, "lower_bound": proxy["oom"] is not None,
-              "source": f"XLA:TPU proxy {proxy['topology']}"}
+            "source": source, "lower_bound": r["oom"] is not None}
+  capacity = estimate_capacity(chip)
+  own = r.get("proxy")
+  if own is not None:
+    peak = own["memory"]["peak"]
+    if own["oom"] is None or peak > capacity:   # an OOM's figure is a lower bound
+      return {"fits": peak <= own["usable"] and own["oom"] is None, "peak": peak,
+              "capacity": own["usable"], "lower_bound": own["oom"] is not None,
+              "source": f"{own['compiler']} {own['target']}"}
   peak = r["estimate_peak"]
-  return {"fits": peak <= per_device, "peak": peak, "capacity": per_device,
+  return {"fits": peak <= capacity, "peak": peak, "capacity": capacity,
           "source": "estimate", "lower_bound": False}
 
 
@@ -304,8 +259,7 @@ def format_plan(r: dict, name: str = "") -> str:
   tag = f"[{r['compiler']}]"
   per_token = xla["flops"] * n / r["tokens"]
   counts = r["params"]["formula"]
-  where = (f"the TPU compiler for {r['target']} ({n} × {chip.name})" if r["target"]
-           else f"XLA:CPU for {n} host device{'s' if n > 1 else ''}")
+  where = _compiled_for(r)
   lines = [
       f"plan of {name or 'the config'} on {mesh} ({n} device{'s' if n > 1 else ''}); "
       f"batch {r['batch']} × {r['seq_len']} = {r['tokens']:,} tokens per step, "
@@ -321,7 +275,10 @@ def format_plan(r: dict, name: str = "") -> str:
       f"remat             {r['remat']}",
       *_memory_lines(r),
   ]
-  if r["oom"] is None:
+  if r["oom"] is None and not xla["flops"] and r["compiler"] == "XLA:GPU":
+    lines += [f"FLOPs per step    no count {tag} (XLA:GPU has no cost analysis); "
+              f"{_si(r['flops_formula'])}FLOP [formula]"]
+  elif r["oom"] is None:
     lines += [
         f"FLOPs per step    {_si(xla['flops'])}FLOP per device, {_si(xla['flops'] * n)}FLOP "
         f"in all {tag}; {_si(r['flops_formula'])}FLOP [formula]; {r['compiler']} in all ÷ "
@@ -331,15 +288,17 @@ def format_plan(r: dict, name: str = "") -> str:
       f"matmul FLOPs      {_si(r['flops_jaxpr'])}FLOP per step in all [jaxpr] (÷ formula "
       f"{r['flops_jaxpr'] / r['flops_formula']:.3f}: the formula's matmuls, read from the "
       "program)",
-      f"FLOPs per token   {_si(per_token)}FLOP {tag}; {_si(r['flops_jaxpr'] / r['tokens'])}"
-      "FLOP of matmuls [jaxpr]",
+      f"FLOPs per token   {_si(per_token) + 'FLOP ' + tag + '; ' if per_token else ''}"
+      f"{_si(r['flops_jaxpr'] / r['tokens'])}FLOP of matmuls [jaxpr]",
       "collectives       " + ", ".join(f"{op} {_b(r['collectives'][op])}" for op in OPS)
-      + f" per {'chip' if r['target'] else 'device'}; {_b(r['collective_bytes'])} per step "
+      + f" per {_unit(r)}; {_b(r['collective_bytes'])} per step "
       f"[HLO of {r['compiler']}]",
       f"step time         {_t(proj['step_s'])} on {n} × {chip.name} at MFU "
-      f"{r['mfu']:.2f} [model]: compute {_t(proj['compute_s'])} (peak "
-      f"{chip.peak_flops / 1e12:.0f} TFLOP/s bf16) + collectives {_t(proj['comm_s'])} at "
-      f"{accelerators.collective_bw(chip, n) / 1e9:.0f} GB/s, not overlapped",
+      f"{r['mfu']:.2f} [model]: compute {_t(proj['compute_s'])} (dense bf16 at "
+      f"{chip.peak_flops / 1e12:.0f} TFLOP/s) + collectives {_t(proj['comm_s'])} at "
+      f"{accelerators.collective_bw(chip, n, r.get('hosts')) / 1e9:.0f} GB/s "
+      f"({_link(chip, n, r.get('hosts'))}), "
+      "not overlapped",
       f"throughput        {r['tokens'] / proj['step_s']:,.0f} tokens/s; {r['steps']:,} "
       f"steps in {_t(r['steps'] * proj['step_s'])} [model]",
   ]
@@ -348,13 +307,17 @@ def format_plan(r: dict, name: str = "") -> str:
   if r["grad_accum"] > 1:
     lines.append(f"note: grad_accum={r['grad_accum']}: XLA counts the micro-batch scan's "
                  f"body once; FLOPs {tag} are scaled by {r['grad_accum']}/2")
-  lines.append(f"note: the step time uses the [jaxpr] matmul FLOPs ÷ devices; {tag} counts "
-               f"a loop body once (the cross entropy's {r['loss_chunks']} chunk(s) count as "
-               "one) and no Pallas kernel's work")
+  if r["compiler"] == "XLA:GPU":
+    lines += _gpu_notes(r)
+  else:
+    lines.append(f"note: the step time uses the [jaxpr] matmul FLOPs ÷ devices; {tag} counts "
+                 f"a loop body once (the cross entropy's {r['loss_chunks']} chunk(s) count as "
+                 "one) and no Pallas kernel's work")
   if r["dense_ragged"]:
     lines.append("note: XLA:CPU computes the MoE's ragged_dot densely (every slot with every "
                  "local expert), so [XLA:CPU] FLOPs and temporaries overstate the MoE layers")
-  if r["target"] and r["block"].get("expert", 1) > 1 and r["params"]["experts"][1]:
+  if (r["compiler"] == "XLA:TPU" and r["block"].get("expert", 1) > 1
+      and r["params"]["experts"][1]):
     lines.append(f"note: on mesh.expert={r['block']['expert']} {tag} FLOPs count every row of "
                  "the MoE's dropless receive buffer (megablox's cost estimate; the kernel "
                  "visits only the rows that arrive), the [jaxpr] count a balanced load's")
@@ -380,11 +343,52 @@ def _expert_lines(r: dict) -> list[str]:
           "[shapes] (mesh.expert=1: every device holds every expert)"]
 
 
+def _link(chip, devices: int, hosts: int | None = None) -> str:
+  """What the collectives' rate is: the node's links or the network between nodes."""
+  if chip.name.startswith("TPU"):
+    return "ICI"
+  one_node = devices <= chip.node_size if hosts is None else hosts == 1
+  return "NVLink" if one_node else "the network between hosts"
+
+
+def hosts_of(target: str | None) -> int | None:
+  """The hosts a GPU target names (`h800:8x8`: 8); None for a TPU or no target."""
+  return gpu.parse_target(target)[1] if target and gpu.is_gpu_target(target) else None
+
+
+def _unit(r: dict) -> str:
+  """What one device of the plan is: a GPU, a TPU chip (a v4 core), or a host device."""
+  if r["compiler"] == "XLA:GPU":
+    return "GPU"
+  return "chip" if r["target"] and not r["target"].startswith("v4") else "device"
+
+
+def _compiled_for(r: dict) -> str:
+  chip, n = r["accelerator"], r["devices"]
+  if r["compiler"] == "XLA:GPU":
+    _, hosts, per_host = gpu.parse_target(r["target"])
+    return (f"XLA:GPU for {r['target']} ({n} × {chip.name}"
+            f"{f', {hosts} hosts of {per_host}' if hosts > 1 else ''})")
+  if r["compiler"] == "XLA:TPU":
+    return f"the TPU compiler for {r['target']} ({n} × {chip.name})"
+  return f"XLA:CPU for {n} host device{'s' if n > 1 else ''}"
+
+
+def _usable_text(r: dict, capacity: float) -> str:
+  """How much one device may use, and why (a GPU: the allocator's share)."""
+  chip = r["accelerator"]
+  name = _gpu_name(chip)
+  if name is None:
+    return f"the {_gib(capacity)} a {chip.name} {_unit(r)} may use"
+  return (f"the {_gib(capacity)} one {chip.name} may use ({gpu.MEM_FRACTION_VARIABLE}="
+          f"{gpu.memory_fraction():g} of its {_gib(gpu.spec_field(name, 'device_memory_size'))}"
+          ": JAX's allocator preallocates that share)")
+
+
 def _memory_lines(r: dict) -> list[str]:
   """The peak line (the verdict's figure, in GiB, FITS or DOES NOT FIT, and its source)
-  and, without a TPU target, XLA:CPU's own peak, shown but never judged."""
-  xla, v, chip = r["xla"], r["verdict"], r["accelerator"]
-  unit = "chip" if r["target"] and not r["target"].startswith("v4") else "device"
+  and, without a target, XLA:CPU's own peak, shown but never judged."""
+  xla, v = r["xla"], r["verdict"]
   word = "FITS" if v["fits"] else "DOES NOT FIT"
   at_least = "at least " if v["lower_bound"] else ""
   if r["target"]:
@@ -392,23 +396,60 @@ def _memory_lines(r: dict) -> list[str]:
            f"{_b(xla['alias'])} + temporaries {_b(xla['temp'])})")
     if r["oom"] is not None:
       how = f"(the compiler stopped: {r['oom']['message']})"
-    return [f"peak memory       {at_least}{_gib(v['peak'])} per {unit} [{v['source']}] {how}; "
-            f"{word} in the {_gib(v['capacity'])} a {chip.name} {unit} may use"]
+    return [f"peak memory       {at_least}{_gib(v['peak'])} per {_unit(r)} [{v['source']}] "
+            f"{how}; {word} in {_usable_text(r, v['capacity'])}"]
   source = {"estimate": "[estimate: parameters + optimizer state + activations]"}.get(
-      v["source"], f"[{v['source']}, the TPU compiler standing in for {chip.name}]")
+      v["source"], f"[{v['source']}, the chip's own compiler for as many devices]")
   lines = [f"peak memory       {at_least}{_gib(v['peak'])} per device {source}; {word} in "
-           f"{chip.name}'s {_gib(v['capacity'])}"]
+           f"{_usable_text(r, v['capacity'])}"]
   lines.append(f"XLA:CPU peak      {_b(xla['peak'])} (arguments {_b(xla['argument'])} + outputs "
                f"{_b(xla['output'])} - donated {_b(xla['alias'])} + temporaries) [XLA:CPU]: "
-               "XLA:CPU's own schedule, not a verdict (plan --target=<TPU topology> compiles "
-               "for the chips)")
+               "XLA:CPU's own schedule, not a verdict (plan --target=<GPU or TPU target> "
+               "compiles for the chips)")
   if r.get("proxy") is None and v["source"] == "estimate":
-    why = (f"no TPU topology has {r['devices']} device{'s' if r['devices'] > 1 else ''} "
-           "(4, 8, 16, ...)" if tpu.libtpu_available()
-           else "the TPU compiler is not installed (pip install -e '.[tpu]')")
-    lines.append(f"note: no TPU compile stands in for the chip here: {why}; the verdict is "
-                 "the estimate's")
+    lines.append(f"note: no compile for {r['accelerator'].name} here: {_why_no_own(r)}; the "
+                 "verdict is the estimate's")
   return lines
+
+
+def _why_no_own(r: dict) -> str:
+  n, name = r["devices"], _gpu_name(r["accelerator"])
+  if name is not None:
+    if not gpu.compiler_available():
+      return f"the GPU compiler is not installed ({gpu.EXTRA})"
+    return f"{n} GPUs do not fill whole hosts of {gpu.GPUS_PER_HOST}"
+  if not tpu.libtpu_available():
+    return "the TPU compiler is not installed (pip install -e '.[tpu]')"
+  return f"no TPU topology has {n} device{'s' if n > 1 else ''} (4, 8, 16, ...)"
+
+
+def _gpu_notes(r: dict) -> list[str]:
+  """What a GPU program's numbers rest on (experiments/plan/gpu.py)."""
+  notes = ["note: the step time uses the [jaxpr] matmul FLOPs ÷ devices (XLA:GPU has no "
+           "cost analysis); XLA:GPU compiled without a device, so GEMM tilings are its "
+           "defaults (no autotuning): memory and the program are the GPU compiler's"]
+  notes += [f"note: {text}" for text in r.get("compiler_notes", ())]
+  hlo = r["hlo"] if isinstance(r["hlo"], str) else ""
+  kernels = hlo.count(KERNEL_CALL_GPU)
+  if kernels:
+    notes.append(f"note: {kernels} Pallas Triton kernel call(s) in the program")
+  if dense_ragged_dot(hlo):
+    notes.append("note: the program holds a jax.lax.ragged_dot, which XLA:GPU computes "
+                 "densely (each row against every group's matrix, masked: G times the work "
+                 "and the rows' memory); the MoE's grouped matmuls take the Pallas Triton "
+                 "kernels (kernels/grouped_matmul) except for float64 or widths their tiles "
+                 "do not divide")
+  return notes
+
+
+KERNEL_CALL_GPU = "__gpu$xla.gpu.triton"
+
+
+def dense_ragged_dot(hlo: str) -> bool:
+  """Whether a compiled XLA:GPU program still holds a `ragged_dot` lowered as XLA:GPU
+  lowers it in jax 0.10-0.11: a dense product of the rows with every group's matrix,
+  named `ragged_dot_general` in its metadata (experiments/plan/gpu.py)."""
+  return "ragged_dot_general" in hlo and "gemm_fusion" in hlo
 
 
 def _qwen3vl_lines(lines: list[str], r: dict) -> None:

@@ -42,10 +42,11 @@ def _allow_several_processes() -> None:
 
 
 @contextlib.contextmanager
-def _without_stderr():
-  """File descriptor 2 pointed away while libtpu starts: on a host without chips it
-  writes half a dozen lines of warnings about the chips it cannot find (to the
-  descriptor, past Python), which would bury a plan's one-line errors."""
+def without_stderr():
+  """File descriptor 2 pointed away while libtpu (or jax's CUDA plugin, gpu.py) starts:
+  on a host without chips it writes half a dozen lines of warnings about the chips it
+  cannot find (to the descriptor, past Python), which would bury a plan's one-line
+  errors."""
   sys.stderr.flush()
   saved = os.dup(2)
   try:
@@ -63,7 +64,8 @@ def parse_topology(name: str) -> tuple[str, tuple[int, ...]]:
   if m is None or m.group("gen") not in GENERATIONS:
     raise ValueError(f"--target={name!r} is not a TPU topology: give <generation>:<chips "
                      f"per axis> with a generation of {', '.join(GENERATIONS)}, e.g. "
-                     "v5e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2.")
+                     "v5e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2 (GPUs: <gpu>:<GPUs> or "
+                     "<gpu>:<hosts>x<GPUs per host> with a GPU of h100, h200, h800, a100).")
   dims = tuple(int(d) for d in m.group("dims").split("x"))
   want = 3 if m.group("gen") in ("v4", "v5p") else 2
   if len(dims) != want:
@@ -85,7 +87,7 @@ def topology_devices(name: str) -> list:
   _allow_several_processes()
   from jax.experimental import topologies
   try:
-    with _without_stderr():
+    with without_stderr():
       topology = topologies.get_topology_desc(topology_name=name.strip().lower(),
                                               platform="tpu")
   except Exception as e:   # libtpu refuses a shape it does not build (JaxRuntimeError)
@@ -185,7 +187,7 @@ def quiet_backend_probe() -> None:
     probe = entry.factory
 
     def quiet(*args, **kwargs):
-      with _without_stderr():
+      with without_stderr():
         return probe(*args, **kwargs)
 
     quiet._quiet = True

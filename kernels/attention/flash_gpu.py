@@ -20,6 +20,14 @@ BLOCK = 128            # forward tiles (the kernel's defaults)
 BACKWARD_BLOCK = 32    # backward tiles: the dq and dkv kernels hold more per program
 
 
+def forward_block(dtype, head_dim: int) -> int:
+  """The forward's query and key tiles: BLOCK, or half of it for 4-byte inputs wider
+  than 64 (f32 tiles of 128 x 128 asked for 257 KiB of shared memory on sm_90 and
+  193 KiB on sm_80, more than a block holds: tests/kernels/test_gpu_compile.py).
+  Both divide every length `supported` takes."""
+  return BLOCK // 2 if jnp.dtype(dtype).itemsize >= 4 and head_dim > 64 else BLOCK
+
+
 def supported(T: int, head_dim: int) -> bool:
   b = min(BLOCK, T)
   return T % b == 0 and T % min(BACKWARD_BLOCK, T) == 0 and b >= 16 and head_dim >= 16
@@ -51,7 +59,7 @@ def flash_attention(q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, segment_ids_BxT, *,
   G = Hq // k_BxTxHkvxDh.shape[2]
   k_BxTxHqxDh = jnp.repeat(k_BxTxHkvxDh, G, axis=2)   # query head h reads KV head h // G
   v_BxTxHqxDh = jnp.repeat(v_BxTxHkvxDh, G, axis=2)
-  b, bb = min(BLOCK, T), min(BACKWARD_BLOCK, T)
+  b, bb = min(forward_block(q_BxTxHqxDh.dtype, Dh), T), min(BACKWARD_BLOCK, T)
   sizes = gpu_attention.BlockSizes(block_q=b, block_k=b, block_q_dkv=bb, block_kv_dkv=bb,
                                    block_q_dq=bb, block_kv_dq=bb)
   return gpu_attention.mha(q_BxTxHqxDh, k_BxTxHqxDh, v_BxTxHqxDh,

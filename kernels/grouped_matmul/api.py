@@ -9,11 +9,13 @@ contract). The MoE FFN runs its routed experts as three of these.
 `implementation=None` picks by the platform the program is lowered for
 (`jax.lax.platform_dependent`), not by the process that traces it: megablox's
 Mosaic kernel in a program compiled for TPU (a CPU host compiling for a TPU
-topology gets it too), and XLA's `ragged_dot` elsewhere (GPU and CPU). float64
-operands (which no kernel multiplies) always take `ragged_dot`. "megablox",
-"ragged_dot" and "reference" (the per-group loop of reference.py, G times the
-work: the tests' twin) name one; megablox runs compiled on TPU and interpreted
-on any other platform (`interpret=None`).
+topology gets it too), the Pallas Triton kernels of triton_gpu.py in a program
+compiled for a GPU (XLA:GPU computes `ragged_dot` densely: G times the work),
+and XLA's `ragged_dot` on CPU. float64 operands (which no kernel multiplies), and
+on GPU widths the Triton tiles do not divide, take `ragged_dot`. "megablox",
+"triton", "ragged_dot" and "reference" (the per-group loop of reference.py, G
+times the work: the tests' twin) name one; the kernels run compiled on their own
+platform and interpreted on any other (`interpret=None`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from kernels.grouped_matmul import megablox_tpu
+from kernels.grouped_matmul import megablox_tpu, triton_gpu
 from kernels.grouped_matmul.reference import grouped_matmul_reference
 
-Implementation = Literal["megablox", "ragged_dot", "reference"]
-IMPLEMENTATIONS = ("megablox", "ragged_dot", "reference")
+Implementation = Literal["megablox", "triton", "ragged_dot", "reference"]
+IMPLEMENTATIONS = ("megablox", "triton", "ragged_dot", "reference")
 
 
 def _ragged_dot(lhs_MxK, rhs_GxKxN, group_sizes_G):
@@ -54,9 +56,10 @@ def grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *,
     lhs_MxK: rows sorted by group.
     rhs_GxKxN: one matrix per group (cast to lhs's dtype).
     group_sizes_G: rows per group (integers, Σ ≤ M).
-    implementation: None (by lowering platform), "megablox", "ragged_dot" or
-      "reference".
-    interpret: run megablox in interpret mode; None = everywhere but on TPU.
+    implementation: None (by lowering platform), "megablox", "triton",
+      "ragged_dot" or "reference".
+    interpret: run the kernel in interpret mode; None = everywhere but on its own
+      platform (TPU for megablox, GPU for triton).
   """
   _check(lhs_MxK, rhs_GxKxN, group_sizes_G)
   if implementation is not None and implementation not in IMPLEMENTATIONS:
@@ -65,6 +68,8 @@ def grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *,
   sizes_G = group_sizes_G.astype(jnp.int32)
   if implementation == "reference":
     return grouped_matmul_reference(lhs_MxK, rhs_GxKxN, sizes_G)
+  if implementation == "triton":
+    return _triton(lhs_MxK, rhs_GxKxN, sizes_G, interpret)
   kernel_fits = megablox_tpu.supported(lhs_MxK.dtype)
   if implementation == "ragged_dot" or (implementation is None and not kernel_fits):
     return _ragged_dot(lhs_MxK, rhs_GxKxN, sizes_G)
@@ -79,7 +84,29 @@ def grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *,
           default=functools.partial(megablox_tpu.grouped_matmul_megablox, interpret=True))
     return megablox_tpu.grouped_matmul_megablox(lhs_MxK, rhs_GxKxN, sizes_G,
                                                 interpret=interpret)
+  on_gpu = (_triton_compiled if triton_gpu.supported(lhs_MxK.dtype, *rhs_GxKxN.shape[1:])
+            else _ragged_dot)
   return jax.lax.platform_dependent(
       lhs_MxK, rhs_GxKxN, sizes_G,
       tpu=functools.partial(megablox_tpu.grouped_matmul_megablox, interpret=bool(interpret)),
-      default=_ragged_dot)
+      cuda=on_gpu, default=_ragged_dot)
+
+
+def _triton_compiled(lhs_MxK, rhs_GxKxN, sizes_G):
+  return triton_gpu.grouped_matmul_triton(lhs_MxK, rhs_GxKxN.astype(lhs_MxK.dtype), sizes_G,
+                                          False)
+
+
+def _triton(lhs_MxK, rhs_GxKxN, sizes_G, interpret):
+  """The Triton kernels by name: compiled on a GPU, interpreted elsewhere (None)."""
+  K, N = rhs_GxKxN.shape[1:]
+  if not triton_gpu.supported(lhs_MxK.dtype, K, N):
+    raise ValueError(f"grouped_matmul: the Triton kernels multiply float32, bfloat16 and "
+                     f"float16 with K and N multiples of 16, not {lhs_MxK.dtype} with "
+                     f"K={K}, N={N}.")
+  rhs = rhs_GxKxN.astype(lhs_MxK.dtype)
+  if interpret is None:
+    interpreted = functools.partial(triton_gpu.grouped_matmul_triton, interpret=True)
+    return jax.lax.platform_dependent(lhs_MxK, rhs, sizes_G, cuda=_triton_compiled,
+                                      default=interpreted)
+  return triton_gpu.grouped_matmul_triton(lhs_MxK, rhs, sizes_G, bool(interpret))

@@ -87,12 +87,16 @@ class BlockSizes:
       # elements (the pipelined mem tile and q): 288 KiB at f32, block_r 64, Dr 256,
       # Hq 16, over the 227 KiB an H100/H200 block may hold (Triton refused it on an
       # H200), so 4-byte inputs take half the routes per step.
+      # An A100 block holds 163 KiB: at f32 and Dr 256 the backward's block_r 16 asked
+      # for 176 KiB (XLA:GPU's compile for sm_80 refused it,
+      # tests/kernels/test_gpu_compile.py), so wide f32 rows take half the routes.
       wide = itemsize >= 4
       if route_dim > 256:
         return cls(block_n=2, block_r=16 if wide else 32, block_r_bwd=8, num_warps=8,
                    layout=layout)
-      return cls(block_n=2, block_r=32 if wide else 64, block_r_bwd=16, num_warps=4,
-                 layout=layout)
+      wide_rows = wide and route_dim > 128
+      return cls(block_n=2, block_r=16 if wide_rows else (32 if wide else 64),
+                 block_r_bwd=8 if wide_rows else 16, num_warps=4, layout=layout)
     if implementation == "mosaic_tpu":
       # Untuned (no TPU measurements yet); sized so that the backward's double-
       # buffered mem and dmem blocks stay within a few MiB of VMEM at Dr = 512.

@@ -1,7 +1,8 @@
-"""The grouped matmul (kernels/grouped_matmul): megablox (interpreted here) and XLA's
-ragged_dot equal the per-group twin in values and gradients, with empty groups and rows
-past the last group; the dispatch follows the lowering platform (megablox in a TPU
-program, ragged_dot for a GPU and on CPU); float64 stays float64; bad inputs are refused."""
+"""The grouped matmul (kernels/grouped_matmul): megablox and the Triton gmm/tgmm
+(interpreted here) and XLA's ragged_dot equal the per-group twin in values and gradients,
+with empty groups and rows past the last group; the dispatch follows the lowering platform
+(megablox in a TPU program, the Triton kernels in a GPU program, ragged_dot on CPU and for
+float64); float64 stays float64; bad inputs are refused."""
 
 import functools
 
@@ -35,7 +36,7 @@ def _value_and_grads(fn, lhs, rhs, sizes, r, wrap=jax.jit):
 class TwinTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(implementation=["megablox", "ragged_dot", None],
+  @parameterized.product(implementation=["megablox", "triton", "ragged_dot", None],
                          sizes=[SIZES, (0, 0, 200, 0, 0), (41, 40, 39, 40, 40)])
   def test_equals_the_per_group_twin_values_and_grads(self, implementation, sizes):
     lhs, rhs, group_sizes, r = _inputs(sizes=sizes)
@@ -62,6 +63,11 @@ def test_float64_stays_float64_against_the_twin():
     chex.assert_trees_all_close(grads, grads0, rtol=1e-11, atol=1e-11)
     with pytest.raises(ValueError, match="megablox multiplies float32 and bfloat16"):
       grouped_matmul(lhs, rhs, sizes, implementation="megablox")
+    with pytest.raises(ValueError, match="Triton kernels multiply float32, bfloat16"):
+      grouped_matmul(lhs, rhs, sizes, implementation="triton")
+    f64 = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (lhs, rhs, sizes)]
+    cuda = lower_text(grouped_matmul, f64, "cuda")   # no kernel multiplies float64
+    assert "chlo.ragged_dot" in cuda and KERNEL_CALL["cuda"] not in cuda
 
 
 def test_dispatch_follows_the_lowering_platform_forward_and_backward():
@@ -76,8 +82,11 @@ def test_dispatch_follows_the_lowering_platform_forward_and_backward():
   tpu_backward = lower_text(grad, avals, "tpu").count(KERNEL_CALL["tpu"])
   # The gradient: the transposed gmm (d lhs) and tgmm (d rhs); the forward is unused.
   assert tpu_forward == 1 and tpu_backward == 2
-  cuda = lower_text(grad, avals, "cuda")   # XLA's ragged dot instruction
-  assert "chlo.ragged_dot" in cuda and "custom_call" not in cuda.replace("Sharding", "")
+  # XLA:GPU computes ragged_dot densely: a GPU program takes the Triton gmm (d lhs) and
+  # tgmm (d rhs) instead.
+  cuda = lower_text(grad, avals, "cuda")
+  # (lowered, not compiled: the forward's gmm is still there; the compile drops it)
+  assert cuda.count(KERNEL_CALL["cuda"]) == 3 and "chlo.ragged_dot" not in cuda
   cpu = lower_text(grad, avals, "cpu")     # jax's own lowering of ragged_dot: dots
   assert "dot_general" in cpu and "custom_call" not in cpu.replace("Sharding", "")
 

@@ -1,14 +1,17 @@
 """`lngram-exp plan`: check the mesh, provide the host devices, plan, print.
 
     lngram-exp plan --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=64
-                    [--accelerator=h100 --mfu=0.4 | --target=v5p:2x2x2] [--dump_hlo=F]
+                    [--accelerator=h100 --mfu=0.4 | --target=h800:8x8 | --target=v5p:4x4x4]
+                    [--dump_hlo=F]
 
 Per-device memory, FLOPs, collective bytes and step time of a config on a mesh,
 compiled from shapes before any run (the library: experiments/plan, DESIGN.md §10.1).
 
 With `--target=<TPU topology>` the step is compiled by the TPU compiler for that
-topology's devices (experiments/plan/tpu.py; `pip install -e '.[tpu]'`), which need
-no host devices. Otherwise it
+topology's devices (experiments/plan/tpu.py; `pip install -e '.[tpu]'`), with
+`--target=<gpu>:<GPUs>` or `<gpu>:<hosts>x<GPUs>` (h100, h200, h800, a100) by XLA:GPU
+for those GPUs (experiments/plan/gpu.py; `pip install -e '.[gpu-compile]'`); neither
+needs host devices. Otherwise it
 compiles for as many XLA:CPU devices as the mesh has, on any machine:
 XLA makes N host devices when the CPU backend starts with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`. When jax has not started a
@@ -16,8 +19,9 @@ backend yet in this process (a plain `lngram-exp plan`) the flag and
 `jax_platforms=cpu` are set here, in process; otherwise (a backend already
 started with fewer CPU devices) the command reruns itself in a subprocess with
 that environment. Compiling on CPU also keeps an accelerator machine's memory
-untouched, and (with libtpu) once more for a TPU topology of as many devices,
-whose memory stands in for the chip's in the fit verdict. The mesh is checked
+untouched, and once more by the named chip's own compiler for as many devices
+(XLA:GPU for a GPU, with the GPU compiler; a topology of its generation for a TPU,
+with libtpu), whose memory is the fit verdict's. The mesh is checked
 against the config before either, so a mesh that does not divide the shapes is
 refused in a second.
 """
@@ -35,11 +39,13 @@ FLAGS_OF = {"plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo
 REQUIRED_OF = {"plan": ("config",)}
 # (absl kind, name, default, lower bound, help); --config, --mesh: experiments/cli/flags.py.
 FLAGS = [
-    ("string", "accelerator", "h100", None, "plan: h100, h200, h800, tpu_v4, tpu_v5e, "
+    ("string", "accelerator", "h100", None, "plan: h100, h200, h800, a100, tpu_v4, tpu_v5e, "
      "tpu_v5p or tpu_v6e (the step time's peak FLOP/s and links); --target sets it."),
-    ("string", "target", None, None, "plan: compile with the TPU compiler for this "
-     "topology, e.g. v5e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2 (needs pip install -e "
-     "'.[tpu]'; the mesh must have its device count)."),
+    ("string", "target", None, None, "plan: compile for these chips with their own "
+     "compiler: GPUs as <gpu>:<GPUs> or <gpu>:<hosts>x<GPUs per host> (h100, h200, h800, "
+     "a100; e.g. h800:8, h800:8x8; needs pip install -e '.[gpu-compile]'), TPUs as a "
+     "topology (e.g. v5e:2x2, v6e:2x4, v5p:2x2x2; needs pip install -e '.[tpu]'); the "
+     "mesh must have its device count."),
     ("string", "dump_hlo", None, None, "plan: write the compiled program's text to this "
      "file."),
     ("float", "mfu", 0.4, None, "plan: the share of peak FLOP/s the step time assumes."),
@@ -94,7 +100,7 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
   import math
   from pathlib import Path
 
-  from experiments.plan import accelerators, tpu
+  from experiments.plan import accelerators, gpu, tpu
   from experiments.plan.report import format_plan, plan_run, refuse_mesh
   from experiments.trainer.placement import parse_mesh
   block = parse_mesh(mesh or "")
@@ -102,7 +108,11 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
   accelerators.projected_step_s(accelerators.accelerator(accelerator), flops=0.0,
                                 collective_bytes=0.0, devices=1, mfu=mfu)
   if target:
-    tpu.parse_topology(target)
+    if gpu.is_gpu_target(target):
+      gpu.parse_target(target)
+      gpu.memory_fraction()   # a bad XLA_PYTHON_CLIENT_MEM_FRACTION: one line, now
+    else:
+      tpu.parse_topology(target)
     if accelerator_given:
       raise ValueError(f"--accelerator={accelerator} with --target={target}: the target "
                        "names the chip; leave out --accelerator.")
@@ -112,12 +122,14 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
       raise ValueError(f"--dump_hlo={dump_hlo}: give a file in an existing folder.")
   sizes = refuse_mesh(config, block)
   n = math.prod(sizes.values())
-  if target:
+  if target and gpu.is_gpu_target(target):
+    gpu.target_devices(target)   # the GPU compiler missing: one line naming the extra
+  elif target:
     tpu.topology_devices(target)   # libtpu missing or the topology refused: one line
   elif n > MAX_CPU_DEVICES:
     raise ValueError(f"--mesh has {n:,} devices; XLA:CPU compiles for at most "
                      f"{MAX_CPU_DEVICES:,} host devices: plan a smaller mesh, or compile for "
-                     "the chips with --target=<TPU topology> (pip install -e '.[tpu]').")
+                     "the chips with --target=<GPU or TPU target> (e.g. h800:8x8, v5p:4x4x4).")
   elif not provide_cpu_devices(n):
     if os.environ.get(_CHILD) or argv is None:
       raise ValueError(f"plan: could not get {n} XLA:CPU devices in this process (set "

@@ -12,7 +12,7 @@
 #   OUT          where results go (default ./gpu_out): gpu_suite.log (every step's
 #                stdout+stderr behind a header with its command, then its exit code and
 #                wall seconds), suite_summary.json, env.json, kernels_bench.json,
-#                lngram_bench.json, decode_8b.json, decode_wide.json, pvm_cost.json,
+#                gpu_spec.json, lngram_bench.json, decode_8b.json, decode_wide.json, pvm_cost.json,
 #                lm_efficiency.json, hf_train_step.json (step 5c),
 #                scale/ (the scale check's curves and scale_check.json, step 9) and
 #                scale_records.tar.gz (its finished arm x seeds' records).
@@ -157,6 +157,15 @@ with open(os.path.join(sys.argv[1], "env.json"), "w") as f:
 EOF
 step env 20 "$PY" "$ENV_PY" "$OUT"
 rm -f "$ENV_PY"
+
+# The device's own XLA:GPU target config beside the spec `plan --target` ships for this chip
+# (experiments/plan/gpu_specs/): a field the plan has wrong shows here (~10 s).
+if [ "$SMOKE" = 1 ]; then
+  step gpu-spec 60 "$PY" -m experiments.tools.bench.gpu_spec_check --target=h100:1 \
+    --json "$OUT/gpu_spec.json"
+else
+  step gpu-spec 30 "$PY" -m experiments.tools.bench.gpu_spec_check --json "$OUT/gpu_spec.json"
+fi
 
 # --- 2. kernels against their references on the real GPU (~40 s + ~40 s) -------------------
 # GPU-marked tests: the Triton readout and the fused readout vs XLA, values and gradients

@@ -85,10 +85,11 @@ def _versions() -> dict:
 
   import jax
   out = {"jax": jax.__version__, "python": platform.python_version()}
-  try:
-    out["libtpu"] = metadata.version("libtpu")
-  except metadata.PackageNotFoundError:
-    out["libtpu"] = None
+  for package in ("libtpu", "jax-cuda12-plugin"):
+    try:
+      out[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      out[package] = None
   return out
 
 
@@ -113,9 +114,17 @@ def record_of(recipe: Recipe, r: dict) -> dict:
       "collectives": {k: v for k, v in r["collectives"].items()},
       "flops_jaxpr": r["flops_jaxpr"], "params": r["params"]["count"],
       "step_s": r["projection"]["step_s"], "mfu": r["mfu"], "remat": r["remat"],
+      "compiler": r["compiler"], "compiler_notes": r.get("compiler_notes", []),
+      "kernel_calls": _kernel_calls(r),
       "date": datetime.date.today().isoformat(), "host": f"{os.cpu_count()} CPU cores",
       "versions": _versions(),
   }
+
+
+def _kernel_calls(r: dict) -> int:
+  """Pallas kernel calls in the compiled program (Mosaic on TPU, Triton on GPU)."""
+  hlo = r["hlo"] if isinstance(r["hlo"], str) else ""
+  return hlo.count("tpu_custom_call") + hlo.count("__gpu$xla.gpu.triton")
 
 
 def run_recipe(recipe: Recipe) -> dict:
@@ -131,52 +140,61 @@ def _gib(n: float) -> str:
   return f"{n / 2**30:.1f}"
 
 
-def table(records: list[dict]) -> str:
-  """The markdown table of the records, in RECIPES order."""
-  order = {r.name: i for i, r in enumerate(RECIPES)}
+def table(records: list[dict], recipes=RECIPES, compiler: str = "XLA:TPU",
+          unit: str = "chip") -> str:
+  """The markdown table of the records, in `recipes` order. A GPU table (unit "GPU")
+  shows every kind of collective; the TPU table its all-to-all (as it always has)."""
+  order = {r.name: i for i, r in enumerate(recipes)}
   records = sorted(records, key=lambda rec: order.get(rec["name"], len(order)))
-  lines = ["| recipe | target, mesh | rows × tokens | peak GiB/chip [XLA:TPU] | usable GiB | "
-           "fits | arguments + temporaries GiB | all-to-all MiB/chip | compile s | "
+  every = unit == "GPU"
+  moved = (f"collectives GiB/{unit}: all-reduce / all-gather / reduce-scatter / all-to-all "
+           "/ permute" if every else f"all-to-all MiB/{unit}")
+  lines = [f"| recipe | target, mesh | rows × tokens | peak GiB/{unit} [{compiler}] | usable "
+           f"GiB | fits | arguments + temporaries GiB | {moved} | compile s | "
            "step s (MFU 0.4) |",
            "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
   for rec in records:
-    m = rec["memory"]
+    m, c = rec["memory"], rec["collectives"]
     at_least = "≥ " if rec["lower_bound"] else ""
+    kinds = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+    sent = (" / ".join(_gib(c.get(k, 0.0)) for k in kinds) if every
+            else f"{c.get('all-to-all', 0.0) / 2**20:,.1f}")
     lines.append(
         f"| {rec['name']}: {rec['purpose']} | {rec['target']}, {rec['mesh']} | "
         f"{rec['batch']} × {rec['seq_len']:,} | {at_least}{_gib(rec['peak_bytes'])} | "
         f"{_gib(rec['usable_bytes'])} | {'FITS' if rec['fits'] else 'DOES NOT FIT'} | "
-        f"{_gib(m['argument'])} + {_gib(m['temp'])} | "
-        f"{rec['collectives'].get('all-to-all', 0.0) / 2**20:,.1f} | {rec['compile_s']:.0f} | "
+        f"{_gib(m['argument'])} + {_gib(m['temp'])} | {sent} | {rec['compile_s']:.0f} | "
         f"{rec['step_s']:.2f} |")
   return "\n".join(lines)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None, recipes=RECIPES, doc: str = __doc__) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=doc.splitlines()[0])
   p.add_argument("--out", required=True, help="folder of the JSON records")
   p.add_argument("--only", default="", help="comma-separated recipe names (default all)")
   p.add_argument("--table", action="store_true", help="print the table of the records")
   p.add_argument("--force", action="store_true", help="recompile recipes already recorded")
   args = p.parse_args(argv)
   names = [n for n in args.only.split(",") if n]
-  unknown = sorted(set(names) - {r.name for r in RECIPES})
+  unknown = sorted(set(names) - {r.name for r in recipes})
   if unknown:
-    p.error(f"unknown recipes {unknown}; known: {[r.name for r in RECIPES]}")
+    p.error(f"unknown recipes {unknown}; known: {[r.name for r in recipes]}")
   return args
 
 
-def main(argv=None) -> int:
-  args = parse_args(argv)
+def main(argv=None, recipes=RECIPES, module: str = "experiments.tools.bench.tpu_plans",
+         doc: str = __doc__, compiler: str = "XLA:TPU", unit: str = "chip") -> int:
+  """The command line of this tool and of gpu_plans (its recipes, module and labels)."""
+  args = parse_args(argv, recipes, doc)
   out = Path(args.out)
   if args.table:
     records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-    print(table(records))
+    print(table(records, recipes, compiler, unit))
     return 0
   out.mkdir(parents=True, exist_ok=True)
-  names = [n for n in args.only.split(",") if n] or [r.name for r in RECIPES]
+  names = [n for n in args.only.split(",") if n] or [r.name for r in recipes]
   pending = []
-  for recipe in (r for r in RECIPES if r.name in names):
+  for recipe in (r for r in recipes if r.name in names):
     path = out / f"{recipe.name}.json"
     if path.exists() and not args.force:
       print(f"{recipe.name}: recorded ({path}); --force recompiles", flush=True)
@@ -185,7 +203,7 @@ def main(argv=None) -> int:
   if len(pending) > 1:   # one process each
     failed = 0
     for recipe in pending:
-      failed += subprocess.run([sys.executable, "-m", "experiments.tools.bench.tpu_plans",
+      failed += subprocess.run([sys.executable, "-m", module,
                                 f"--out={out}", f"--only={recipe.name}", "--force"],
                                check=False).returncode != 0
     return 1 if failed else 0
@@ -193,7 +211,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     record = run_recipe(recipe)
     (out / f"{recipe.name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{recipe.name}: peak {_gib(record['peak_bytes'])} GiB per chip of "
+    print(f"{recipe.name}: peak {_gib(record['peak_bytes'])} GiB per {unit} of "
           f"{_gib(record['usable_bytes'])}, {'FITS' if record['fits'] else 'DOES NOT FIT'} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
   return 0

@@ -19,7 +19,7 @@ from cli_runner import run_cli
 from experiments.configs import load_config
 from experiments.models.config import lm_config
 from experiments.plan import accelerators, accounting
-from experiments.plan.collectives import collective_bytes
+from experiments.plan.collectives import collective_bytes, line_bytes
 from experiments.plan.report import format_plan, plan_run, refuse_mesh
 from experiments.trainer.placement import make_train_mesh
 
@@ -149,14 +149,25 @@ def test_collective_bytes_by_hand():
   assert got["unknown_trips"] == 0
 
 
+def test_async_ragged_all_to_all_of_a_gpu_program():
+  """XLA:GPU's ragged all-to-all is an async pair whose start returns ((operands with their
+  offset arrays), result); commas inside a layout `{1,0}` do not split that tuple."""
+  line = ("%r = ((f32[128,32]{1,0}, f32[256,32]{1,0}, s64[2]{0}, s64[2]{0}, s64[2]{0}, "
+          "/*index=5*/s64[2]{0}), f32[256,32]{1,0}) ragged-all-to-all-start(%x, %buf, %o, %s, "
+          "%oo, /*index=5*/%rs), channel_id=1, replica_groups={{0,1}}")
+  assert line_bytes(line, {"x": "f32[128,32]{1,0}"}) == ("all-to-all", 128 * 32 * 4)
+  assert line_bytes(line) == ("all-to-all", 256 * 32 * 4)   # no operand shape: the result
+
+
 def test_projected_step_time_by_hand():
   chip = accelerators.accelerator("h100")
   t = accelerators.projected_step_s(chip, flops=chip.peak_flops * 0.5,
                                     collective_bytes=chip.link_bw, devices=8, mfu=0.5)
   assert math.isclose(t["compute_s"], 1.0) and math.isclose(t["comm_s"], 1.0)
   assert accelerators.collective_bw(chip, 64) == chip.network_bw   # beyond one node
-  with pytest.raises(ValueError, match="accelerator='a100'"):
-    accelerators.accelerator("a100")
+  assert accelerators.accelerator("a100").peak_flops == 312e12   # the fourth GPU row
+  with pytest.raises(ValueError, match="accelerator='b200'"):
+    accelerators.accelerator("b200")
 
 
 def test_jaxpr_flops_by_hand():

@@ -144,21 +144,23 @@ def test_topology_names_and_proxies():
     assert math.prod(dims) * tpu.devices_per_chip(generation) in (4, 8)
 
 
-def test_a_gpu_plan_is_judged_by_a_tpu_proxy_never_by_xla_cpu():
+def test_a_tpu_plan_without_target_is_judged_by_its_own_compiler_never_by_xla_cpu():
   """Without --target the step compiles for XLA:CPU (its numbers) and, with libtpu, once
-  more for a v5p topology of as many devices: the verdict is that compile's, labelled;
-  XLA:CPU's peak is printed, never judged. Without a proxy, the estimate judges."""
-  tpu_devices("v5p:2x2x1")
+  more for a topology of the named TPU's generation with as many devices: the verdict is
+  that compile's, labelled; XLA:CPU's peak is printed, never judged. Without one (no
+  topology of 2 devices), the estimate judges, and says why."""
+  tpu_devices("v5e:2x2")
   done = run_cli("plan", f"--config={CONFIGS}/lm_lngram.py:smoke", "--mesh=data=4",
-                 "--accelerator=h100", timeout=600)
+                 "--accelerator=tpu_v5e", timeout=600)
   assert done.returncode == 0, done.stderr
   peak = [line for line in done.stdout.splitlines() if line.startswith("peak memory")]
-  assert len(peak) == 1 and "[XLA:TPU proxy v5p:2x2x1" in peak[0] and "FITS" in peak[0]
+  assert len(peak) == 1 and "[XLA:TPU v5e:2x2, the chip's own compiler" in peak[0], peak
+  assert "FITS" in peak[0]
   assert re.search(r"^XLA:CPU peak .*not a verdict", done.stdout, re.M)
   config = load_config(f"{CONFIGS}/lm_lngram.py:smoke")
-  r = plan_run(config, {"data": 2}, accelerator="h100", proxy=True)   # no 2-chip topology
+  r = plan_run(config, {"data": 2}, accelerator="tpu_v5e", proxy=True)   # no 2-chip topology
   assert r["proxy"] is None and r["verdict"]["source"] == "estimate"
-  assert "[estimate" in format_plan(r)
+  assert "no TPU topology has 2 devices" in format_plan(r)
 
 
 def test_surrogate_chunks_stay_on_their_devices_under_xla_partitioning():
