@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 import time
 
-from experiments.plan import accelerators, gpu, tpu
+from experiments.plan import accelerators, buffers, gpu, tpu
 from experiments.plan.abstract import FAST_COMPILE, bytes_per_device
 from experiments.plan.jobs import planner
 from experiments.trainer import placement as mesh_lib
@@ -48,13 +49,16 @@ def usable_memory(target: str | None, devices) -> float | None:
   return tpu.usable_hbm(devices)
 
 
-def compile_for_target(run, *, compiler: str = "XLA:CPU", devices=None) -> dict:
+def compile_for_target(run, *, compiler: str = "XLA:CPU", devices=None,
+                       explain_memory: bool = False) -> dict:
   """The run's step compiled for its mesh's devices by `compiler` (XLA:CPU, XLA:TPU or
   XLA:GPU): {"compiled", "jaxpr", "memory" (argument, output, alias, temp, peak bytes
   per device), "cost", "oom", "error"}. A TPU compile refused for memory gives
   compiled None and the compiler's figures in `oom` (temp: what it needed, usable:
   what a device has). XLA:GPU gives no cost analysis (cost is then {}). `devices`: the
-  target's (a GPU's Pallas lowering reads the chip from the first)."""
+  target's (a GPU's Pallas lowering reads the chip from the first). `explain_memory`:
+  also "buffers", the largest buffers live at the memory peak (buffers.py; None where
+  the compiler writes no buffer assignment)."""
   traced = run.step.trace(run.state, run.rest, run.batch)
   if compiler == "XLA:GPU":
     with gpu.lowering_device(devices):
@@ -62,24 +66,13 @@ def compile_for_target(run, *, compiler: str = "XLA:CPU", devices=None) -> dict:
   else:
     lowered = traced.lower()
   notes: set[str] = set()
-  try:
-    if compiler == "XLA:GPU":
-      with no_compilation_cache(), gpu.compiler_messages(notes):
-        compiled = gpu.compile_deviceless(lowered, notes)
-    elif compiler == "XLA:TPU":
-      with no_compilation_cache():
-        compiled = lowered.compile()
-    else:
-      compiled = lowered.compile(FAST_COMPILE)
-  except Exception as e:
-    oom = tpu.out_of_memory(e) if compiler == "XLA:TPU" else None
-    if oom is None:
-      raise
-    arguments = bytes_per_device(run.state) + bytes_per_device(run.batch)
-    memory = {"argument": arguments, "output": 0, "alias": 0, "temp": oom["temp"] or 0,
-              "peak": arguments + (oom["temp"] or 0)}
-    return {"compiled": None, "jaxpr": traced.jaxpr, "memory": memory, "cost": {},
-            "oom": oom, "error": oom["message"], "notes": sorted(notes)}
+  with tempfile.TemporaryDirectory(prefix="lngram-plan-buffers-") as dump:
+    options = buffers.dump_options(dump, compiler) if explain_memory else {}
+    try:
+      compiled = _compile(lowered, compiler, options, notes)
+    except Exception as e:
+      return _refused(e, run, traced, compiler, notes)
+    peak = buffers.peak_buffers(dump) if explain_memory else None
   m = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -88,7 +81,30 @@ def compile_for_target(run, *, compiler: str = "XLA:CPU", devices=None) -> dict:
             "peak": (m.argument_size_in_bytes + m.output_size_in_bytes
                      - m.alias_size_in_bytes + m.temp_size_in_bytes)}
   return {"compiled": compiled, "jaxpr": traced.jaxpr, "memory": memory, "cost": cost or {},
-          "oom": None, "error": None, "notes": sorted(notes)}
+          "oom": None, "error": None, "notes": sorted(notes), "buffers": peak}
+
+
+def _compile(lowered, compiler: str, options: dict, notes: set):
+  if compiler == "XLA:GPU":
+    with no_compilation_cache(), gpu.compiler_messages(notes):
+      return gpu.compile_deviceless(lowered, notes, options)
+  if compiler == "XLA:TPU":
+    with no_compilation_cache():
+      return lowered.compile(options or None)
+  return lowered.compile({**FAST_COMPILE, **options})
+
+
+def _refused(e: Exception, run, traced, compiler: str, notes: set) -> dict:
+  """A TPU compile refused for memory, as compile_for_target's result; anything else
+  raised."""
+  oom = tpu.out_of_memory(e) if compiler == "XLA:TPU" else None
+  if oom is None:
+    raise e
+  arguments = bytes_per_device(run.state) + bytes_per_device(run.batch)
+  memory = {"argument": arguments, "output": 0, "alias": 0, "temp": oom["temp"] or 0,
+            "peak": arguments + (oom["temp"] or 0)}
+  return {"compiled": None, "jaxpr": traced.jaxpr, "memory": memory, "cost": {},
+          "oom": oom, "error": oom["message"], "notes": sorted(notes), "buffers": None}
 
 
 @contextlib.contextmanager

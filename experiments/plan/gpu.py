@@ -224,19 +224,19 @@ _NO_GEMM_TILING = "Couldn't find output tile sizes"
 CUBLAS_GEMMS = {"xla_gpu_enable_triton_gemm": False}
 
 
-def compile_deviceless(lowered, notes: set):
-  """`lowered.compile()` for a GPU target; where XLA:GPU finds no default tiling for a
-  Triton GEMM fusion, the program is compiled again with its GEMMs on cuBLAS (one of
-  the two an autotuned compile chooses between), said in `notes`."""
+def compile_deviceless(lowered, notes: set, options: dict | None = None):
+  """`lowered.compile(options)` for a GPU target; where XLA:GPU finds no default tiling
+  for a Triton GEMM fusion, the program is compiled again with its GEMMs on cuBLAS (one
+  of the two an autotuned compile chooses between), said in `notes`."""
   try:
-    return lowered.compile()
+    return lowered.compile(options or None)
   except Exception as e:   # JaxRuntimeError: INTERNAL
     if _NO_GEMM_TILING not in str(e):
       raise
   notes.add("XLA:GPU found no default tiling for a Triton GEMM fusion (autotuning needs a "
             "device), so this program's GEMMs are compiled for cuBLAS "
             "(xla_gpu_enable_triton_gemm=false), which an autotuned compile may also choose")
-  return lowered.compile(CUBLAS_GEMMS)
+  return lowered.compile({**(options or {}), **CUBLAS_GEMMS})
 
 
 @contextlib.contextmanager

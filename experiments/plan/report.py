@@ -55,7 +55,8 @@ def refuse_mesh(config, block: dict) -> dict[str, int]:
 
 
 def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4,
-             devices=None, target: str | None = None, proxy: bool = False) -> dict:
+             devices=None, target: str | None = None, proxy: bool = False,
+             explain_memory: bool = False) -> dict:
   """Every number of the plan (module docstring).
 
   devices: the CPU devices to compile for (at least the mesh's size; default this
@@ -66,7 +67,9 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   proxy: without a target, also compile the step for the named chip's own compiler
     (a GPU: XLA:GPU for as many of them, experiments/plan/gpu.py; a TPU: a topology of
     its generation, experiments/plan/tpu.py), so that the fit verdict never rests on
-    XLA:CPU's memory (`verdict`)."""
+    XLA:CPU's memory (`verdict`).
+  explain_memory: also list the largest buffers live at the compiled step's memory peak
+    (experiments/plan/buffers.py), in "buffers"."""
   import jax
   chip = accelerators.accelerator(accelerator)
   accelerators.projected_step_s(chip, flops=0.0, collective_bytes=0.0, devices=1, mfu=mfu)
@@ -88,7 +91,8 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   t0 = time.perf_counter()
   job = planner(config)
   run, mc, geo = job.abstract_run(config, mesh)
-  step = compile_for_target(run, compiler=compiler, devices=devices)
+  step = compile_for_target(run, compiler=compiler, devices=devices,
+                            explain_memory=explain_memory)
   seconds = time.perf_counter() - t0
   memory, cost, compiled, jaxpr = step["memory"], step["cost"], step["compiled"], step["jaxpr"]
   moved = collective_bytes(compiled.as_text()) if compiled is not None else _no_collectives()
@@ -141,6 +145,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
                                                   hosts=hosts_of(target)),
       "hlo": compiled.as_text() if compiled is not None else step["error"],
       "oom": step["oom"], "compiler_notes": step["notes"],
+      "buffers": step["buffers"], "explain_memory": explain_memory,
   }
   result["proxy"] = (own_chip_compile(config, sizes, accelerator) if proxy and not target
                      else None)
@@ -274,6 +279,7 @@ def format_plan(r: dict, name: str = "") -> str:
       f"{_b(xla['temp'])} of step temporaries (activations, gradients, workspace) {tag}",
       f"remat             {r['remat']}",
       *_memory_lines(r),
+      *_buffer_lines(r),
   ]
   if r["oom"] is None and not xla["flops"] and r["compiler"] == "XLA:GPU":
     lines += [f"FLOPs per step    no count {tag} (XLA:GPU has no cost analysis); "
@@ -341,6 +347,35 @@ def _expert_lines(r: dict) -> list[str]:
           f"of the experts on each device (mesh.expert={n}); their tokens come by all-to-all"
           if n > 1 else f"  routed experts  {_b(here)} per device of {_b(total)} in all "
           "[shapes] (mesh.expert=1: every device holds every expert)"]
+
+
+def _buffer_lines(r: dict) -> list[str]:
+  """With --explain_memory: the largest buffers live at the memory peak, one a line."""
+  if not r.get("explain_memory"):
+    return []
+  peak = r.get("buffers")
+  if peak is None:
+    return [f"  at the peak     [{r['compiler']}] wrote no buffer assignment: no listing"]
+  lines = [f"  at the peak     {_b(peak['live_bytes'])} of temporaries and outputs live at "
+           f"schedule position {peak['time']} [{r['compiler']} buffer assignment]; the "
+           f"largest {len(peak['buffers'])}:"]
+  for i, b in enumerate(peak["buffers"], 1):
+    lines.append(f"    {i:>2}. {_b(b['bytes']):>10}  {b['shape']}  {b['op'] or b['name']}"
+                 f"  ({_short_path(b['source']) or 'no source line'})")
+  return lines
+
+
+def _short_path(source: str) -> str:
+  """A source line's file relative to the working directory (or after site-packages)."""
+  import os
+  if not source:
+    return ""
+  path, _, line = source.rpartition(":")
+  if "site-packages/" in path:
+    path = path.split("site-packages/", 1)[1]
+  elif os.path.isabs(path) and path.startswith(os.getcwd() + os.sep):
+    path = os.path.relpath(path)
+  return f"{path}:{line}"
 
 
 def _link(chip, devices: int, hosts: int | None = None) -> str:

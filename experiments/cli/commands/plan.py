@@ -2,7 +2,7 @@
 
     lngram-exp plan --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=64
                     [--accelerator=h100 --mfu=0.4 | --target=h800:8x8 | --target=v5p:4x4x4]
-                    [--dump_hlo=F]
+                    [--dump_hlo=F] [--explain_memory]
 
 Per-device memory, FLOPs, collective bytes and step time of a config on a mesh,
 compiled from shapes before any run (the library: experiments/plan, DESIGN.md §10.1).
@@ -35,7 +35,8 @@ import sys
 
 COMMANDS = {"plan": "per-device memory, FLOPs, collective bytes and step time of a config on "
                     "a mesh, compiled from shapes before any run"}
-FLAGS_OF = {"plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo"}}
+FLAGS_OF = {"plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo",
+                     "explain_memory"}}
 REQUIRED_OF = {"plan": ("config",)}
 # (absl kind, name, default, lower bound, help); --config, --mesh: experiments/cli/flags.py.
 FLAGS = [
@@ -49,6 +50,9 @@ FLAGS = [
     ("string", "dump_hlo", None, None, "plan: write the compiled program's text to this "
      "file."),
     ("float", "mfu", 0.4, None, "plan: the share of peak FLOP/s the step time assumes."),
+    ("bool", "explain_memory", False, None, "plan: list the largest buffers live at the "
+     "memory peak (shape, size, the operation and source line that made each), read from "
+     "the compiler's buffer assignment."),
 ]
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
 # The most host devices XLA:CPU compiles one program for (jaxlib 0.10.2: 2048 works; with
@@ -87,13 +91,13 @@ def run(command: str, f, argv: list[str]) -> int:
   name = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
   return plan_command(f.config, f.mesh, accelerator=f.accelerator, mfu=f.mfu, target=f.target,
                       dump_hlo=f.dump_hlo, accelerator_given=f["accelerator"].present,
-                      name=name, argv=argv)
+                      name=name, argv=argv, explain_memory=f.explain_memory)
 
 
 def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: float = 0.4,
                  target: str | None = None, dump_hlo: str | None = None,
                  accelerator_given: bool = False, name: str = "",
-                 argv: list[str] | None = None) -> int:
+                 argv: list[str] | None = None, explain_memory: bool = False) -> int:
   """Prints the plan of `config` on `mesh` (`data=8`, `fsdp=8,seq=8`; none: one device);
   `target`: a TPU topology to compile for; `dump_hlo`: a file for the compiled program's
   text; `argv`: the command line, rerun in a subprocess when this process lacks devices."""
@@ -141,7 +145,7 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
     return subprocess.run([sys.executable, "-m", "experiments", *argv[1:]], env=env,
                           check=False).returncode
   result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu, target=target,
-                    proxy=not target)
+                    proxy=not target, explain_memory=explain_memory)
   print(format_plan(result, name))
   if dump_hlo:
     Path(dump_hlo).expanduser().write_text(result["hlo"])
