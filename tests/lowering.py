@@ -50,14 +50,10 @@ def gpu_compiled_text(fn, avals, target: str = "h100:1") -> str:
   from jax.sharding import PartitionSpec as P
 
   from experiments.plan import gpu
-  from experiments.plan.report import no_compilation_cache
+  from experiments.plan.compile import compile_for_gpu
   if not gpu.compiler_available():
     pytest.skip(f"needs the GPU compiler ({gpu.EXTRA})")
   mesh = Mesh(np.array(gpu.target_devices(target)), ("gpu",))
   placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
             for a in avals]
-  traced = jax.jit(fn).trace(*placed)
-  with gpu.lowering_device(list(mesh.devices.flat)):
-    lowered = traced.lower()
-  with no_compilation_cache():   # a GPU executable cannot be loaded back on this host
-    return lowered.compile().as_text()
+  return compile_for_gpu(jax.jit(fn).trace(*placed), list(mesh.devices.flat)).as_text()

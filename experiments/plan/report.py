@@ -122,6 +122,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   # XLA:CPU, computes ragged_dot densely.
   timed_flops = matmul / n
   params = run.state["params"]
+  hosts = hosts_of(target)
   result = {
       "block": sizes, "devices": n, "batch": B, "seq_len": T, "tokens": run.tokens,
       "steps": int(config.train.steps), "compile_s": seconds,
@@ -139,10 +140,10 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
       "collective_bytes": sent, "remat": remat_policy(run.model),
       "dense_ragged": dense_ragged, "grad_accum": accum, "qwen3vl": vl,
       "loss_chunks": loss_chunks(run.model, B, T),
-      "hosts": hosts_of(target),
+      "hosts": hosts,
       "projection": accelerators.projected_step_s(chip, flops=timed_flops,
                                                   collective_bytes=sent, devices=n, mfu=mfu,
-                                                  hosts=hosts_of(target)),
+                                                  hosts=hosts),
       "hlo": compiled.as_text() if compiled is not None else step["error"],
       "oom": step["oom"], "compiler_notes": step["notes"],
       "buffers": step["buffers"], "explain_memory": explain_memory,

@@ -62,10 +62,8 @@ def device_config(target: str | None, dump_dir: Path) -> tuple[str, str]:
     device = jax.devices("gpu")[0]
   x = jax.ShapeDtypeStruct((256, 256), jnp.float32,
                            sharding=jax.sharding.SingleDeviceSharding(device))
-  from experiments.plan.gpu import lowering_device
-  traced = jax.jit(lambda a: a @ a).trace(x)
-  with lowering_device([device]):
-    traced.lower().compile()
+  from experiments.plan.compile import compile_for_gpu
+  compile_for_gpu(jax.jit(lambda a: a @ a).trace(x), [device])
   dumped = sorted(dump_dir.glob("*gpu_target_config.pbtxt"))
   if not dumped:
     raise SystemExit(f"XLA wrote no target config under {dump_dir}")

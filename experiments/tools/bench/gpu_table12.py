@@ -41,14 +41,9 @@ def _placed(tree, device):
 def _compiled(fn, args, device, donate=()):
   import jax
 
-  from experiments.plan import gpu
-  from experiments.plan.report import no_compilation_cache
+  from experiments.plan.compile import compile_for_gpu
   t0 = time.perf_counter()
-  traced = jax.jit(fn, donate_argnums=donate).trace(*args)
-  with gpu.lowering_device([device]):
-    lowered = traced.lower()
-  with no_compilation_cache():
-    compiled = lowered.compile()
+  compiled = compile_for_gpu(jax.jit(fn, donate_argnums=donate).trace(*args), [device])
   m = compiled.memory_analysis()
   peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
           + m.temp_size_in_bytes)

@@ -16,7 +16,8 @@ import pytest
 
 from experiments.configs import load_config
 from experiments.plan import buffers, gpu
-from experiments.plan.report import format_plan, no_compilation_cache, plan_run
+from experiments.plan.compile import compile_for_gpu
+from experiments.plan.report import format_plan, plan_run
 
 N, K, M = 2048, 64, 3072
 
@@ -34,10 +35,11 @@ def _listing(tmp_path, compiler, devices=None):
   a = jax.ShapeDtypeStruct((N, K), jnp.float32, sharding=sharding)
   b = jax.ShapeDtypeStruct((K, M), jnp.float32, sharding=sharding)
   traced = jax.jit(_planted).trace(a, b)
-  with gpu.lowering_device(devices):
-    lowered = traced.lower()
-  with no_compilation_cache():
-    lowered.compile(buffers.dump_options(tmp_path, compiler))
+  options = buffers.dump_options(tmp_path, compiler)
+  if compiler == "XLA:GPU":
+    compile_for_gpu(traced, devices, options)
+  else:
+    traced.lower().compile(options)
   return buffers.peak_buffers(tmp_path, top=3)
 
 
