@@ -8,16 +8,19 @@ An MoE layer is a softmax router over all E experts (float32), the top-k
 probabilities (renormalised to sum 1 when `norm_topk_prob`), and no shared
 expert: `experiments.models.moe.MoEFFN` with n_shared_experts = 0.
 
-Expert tensors come in two layouts, both read (and `to_hf` writes the first);
-`layer_table` is their name table (rows as in experiments/hf/names.py; the
-fused gate_up rows are read only):
-  per expert (the Hub's files, and what transformers 5 `save_pretrained` writes):
+Expert tensors come in three layouts, all read and written (`to_hf` writes the
+first); `layer_table` is their name table (rows as in experiments/hf/names.py):
+  per expert (the Hub's Qwen3-MoE files, and what transformers 5 `save_pretrained` writes):
     mlp.gate.weight [E, D]                          -> mlp/router [D, E]       transpose
     mlp.experts.<e>.{gate,up}_proj.weight [h, D]    -> mlp/w_{gate,up} [E, D, h] stack of transposes
     mlp.experts.<e>.down_proj.weight [D, h]         -> mlp/w_down [E, h, D]    stack of transposes
-  fused (transformers 5's in-memory parameters, should a file hold them):
-    mlp.experts.gate_up_proj [E, 2h, D]  (gate rows first) -> w_gate, w_up
-    mlp.experts.down_proj [E, D, h]                        -> w_down
+  fused (transformers 5's in-memory parameters; its Qwen3-VL-MoE `save_pretrained` writes them):
+    mlp.experts.gate_up_proj [E, 2h, D]  (gate rows first) -> w_gate, w_up   halves, swapped
+    mlp.experts.down_proj [E, D, h]                        -> w_down         swapped
+  fused_in_out (the Hub's Qwen3-VL-MoE files: transformers 4.57's parameters):
+    mlp.experts.gate_up_proj [E, D, 2h]  (gate columns first) -> w_gate, w_up  halves
+    mlp.experts.down_proj [E, h, D]                           -> w_down        as is
+The fused gate_up_proj is written from both halves (tables.py `part_of`).
 Mapping and deviations: DESIGN.md §11.
 """
 
@@ -27,10 +30,12 @@ import numpy as np
 
 from experiments.hf.safetensors_io import HFCheckpointError
 from experiments.hf.tables import (
+  SAME,
   TRANSPOSE,
   Row,
   Rule,
   Target,
+  part_of,
   stacked,
   table_shapes,
   table_targets,
@@ -39,7 +44,7 @@ from experiments.hf.tables import (
 
 MODEL_TYPE = "qwen3_moe"
 ARCHITECTURE = "Qwen3MoeForCausalLM"
-LAYOUTS = ("per_expert", "fused")
+LAYOUTS = ("per_expert", "fused", "fused_in_out")
 # The fused layout's tensor names (transformers 5's Qwen3MoeExperts parameters).
 _FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
@@ -112,15 +117,7 @@ def layout_of(names) -> str:
   return "fused" if any(n.endswith(_FUSED[0]) for n in names) else "per_expert"
 
 
-def _fused_half(which: int):
-  def build(gate_up):          # [E, 2h, D] -> [E, D, h]
-    h = gate_up.shape[1] // 2
-    return np.ascontiguousarray(np.swapaxes(np.asarray(gate_up)[:, which * h:(which + 1) * h],
-                                            1, 2))
-  return build
-
-
-# [E, D, h] <-> [E, h, D] (the fused down_proj); the fused gate_up halves are read only.
+# [E, D, h] <-> [E, h, D] (the fused layout's experts).
 _SWAP = Rule(lambda w: np.ascontiguousarray(np.swapaxes(w, 1, 2)),
              lambda a, shape: (np.swapaxes(a, 1, 2),))
 
@@ -132,11 +129,16 @@ def layer_table(config, layer: int, layout: str = "per_expert") -> dict[str, Row
   hf, ours = f"model.layers.{layer}.mlp.", f"blocks/{layer}/mlp/"
   D, E, h = config.d_model, config.moe.n_experts, config.moe.expert_ffn_dim
   t = {ours + "router": Row(hf + "gate.weight", (E, D), TRANSPOSE)}
-  if layout == "fused":
-    gate_up = hf + "experts.gate_up_proj"
-    t[ours + "w_gate"] = Row(gate_up, (E, 2 * h, D), Rule(_fused_half(0), None))
-    t[ours + "w_up"] = Row(gate_up, (E, 2 * h, D), Rule(_fused_half(1), None))
-    t[ours + "w_down"] = Row(hf + "experts.down_proj", (E, D, h), _SWAP)
+  if layout != "per_expert":
+    # One gate_up_proj (gate, then up, along its 2h axis) and one down_proj, stored
+    # [E, out, in] ("fused": swapped to ours) or [E, in, out] ("fused_in_out": ours).
+    swapped = layout == "fused"
+    rule = _SWAP if swapped else SAME
+    gate_up = (hf + "experts.gate_up_proj", (E, 2 * h, D) if swapped else (E, D, 2 * h))
+    axis = 1 if swapped else 2
+    t[ours + "w_gate"] = Row(*gate_up, part_of(rule, 0, 2, axis))
+    t[ours + "w_up"] = Row(*gate_up, part_of(rule, 1, 2, axis))
+    t[ours + "w_down"] = Row(hf + "experts.down_proj", (E, D, h) if swapped else (E, h, D), rule)
     return t
   for name, shape in (("gate", (h, D)), ("up", (h, D)), ("down", (D, h))):
     t[ours + f"w_{name}"] = Row(tuple(hf + f"experts.{e}.{name}_proj.weight" for e in range(E)),

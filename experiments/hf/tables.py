@@ -6,7 +6,9 @@ reshapes, stacks: bit for bit). Everything else is derived from a table:
 
     table_targets(table)         {our path: Target}      the import (load.py)
     table_shapes(table)          {HF name: shape}        what a checkpoint must hold
-    table_to_hf(table, params)   {HF name: array}        the export
+    table_to_hf(table, params)   {HF name: array}        the export (fused tensors that
+                                                         several parameters share joined
+                                                         from their `part_of` pieces)
 
 so the import, the shape checks and the export cannot drift apart. The families' tables:
 experiments/hf/names.py (the dense decoders), qwen3_moe.py, qwen3vl/names.py,
@@ -82,6 +84,26 @@ def stacked(rule: Rule, axis: int) -> Rule:
   return Rule(lambda *ws: np.stack([rule.to_ours(w) for w in ws], axis=axis), to_theirs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """What a `part_of` rule writes: piece `index` of `count` equal pieces along `axis` of one
+  HF tensor that several parameters share (`table_to_hf` joins the pieces)."""
+  array: np.ndarray
+  index: int
+  count: int
+  axis: int
+
+
+def part_of(rule: Rule, index: int, count: int, axis: int) -> Rule:
+  """Piece `index` of `count` equal pieces along HF `axis` of a fused tensor, each through
+  `rule` (Qwen3-MoE's gate_up_proj: the gate half, then the up half)."""
+  def to_theirs(a, shape):
+    piece = tuple(n // count if i == axis else n for i, n in enumerate(shape))
+    return (Part(rule.to_theirs(a, piece)[0], index, count, axis),)
+  return Rule(lambda w: rule.to_ours(np.split(np.asarray(w), count, axis=axis)[index]),
+              to_theirs)
+
+
 def table_targets(table: dict[str, Row]) -> dict[str, Target]:
   """{our path: Target} of a name table (the import)."""
   return {path: Target(row.theirs, row.rule.to_ours) for path, row in table.items()}
@@ -100,5 +122,14 @@ def table_to_hf(table: dict[str, Row], params: dict) -> dict[str, np.ndarray]:
       raise ValueError(f"{path}: {', '.join(row.theirs)} is a layout that is read, never "
                        "written.")
     arrays = row.rule.to_theirs(np.asarray(params[path]), row.shape)
-    out |= dict(zip(row.theirs, arrays, strict=True))
+    for name, array in zip(row.theirs, arrays, strict=True):
+      if isinstance(array, Part):   # a piece of a fused tensor: joined below
+        out.setdefault(name, [None] * array.count)[array.index] = array
+      else:
+        out[name] = array
+  for name, value in out.items():
+    if isinstance(value, list):
+      if any(piece is None for piece in value):
+        raise ValueError(f"{name}: the table writes only some pieces of this fused tensor.")
+      out[name] = np.concatenate([piece.array for piece in value], axis=value[0].axis)
   return {k: np.ascontiguousarray(v) for k, v in out.items()}

@@ -8,7 +8,8 @@
                                     as a checkpoint transformers loads
                                     (experiments/hf/export.py, hf/qwen3vl/export.py)
 
-A `qwen3_vl` checkpoint becomes a run of kind "qwen3vl" (`import_qwen3vl`).
+A `qwen3_vl` or `qwen3_vl_moe` checkpoint becomes a run of kind "qwen3vl"
+(`import_qwen3vl`).
 `init_from=hf:DIR` (the same backbone, straight into a training run) lives in
 experiments/hf/backbone.py.
 
@@ -59,7 +60,9 @@ def export_hf(workdir, out, *, step: int | None = None,
   model, experiment = restore(workdir, step)
   if type(model).__name__ == "Qwen3VL":   # with its PVM branches in the authors' layout
     from experiments.hf.qwen3vl.export import export_qwen3vl
-    return export_qwen3vl(model, workdir, out, experiment.restored_step)
+    source = experiment.get("import_hf") or {}   # a Qwen3-VL-MoE keeps its expert layout
+    return export_qwen3vl(model, workdir, out, experiment.restored_step,
+                          experts=source.get("experts_layout"))
   return export_lm(model, workdir, out, experiment.restored_step,
                    max_shard_bytes=max_shard_bytes)
 
@@ -105,15 +108,19 @@ def import_qwen3vl(hf_dir, workdir, *, dtype=None, param_dtype=None, max_len=Non
   import ml_collections
 
   from experiments.hf.config import read_config_json
-  from experiments.hf.qwen3vl.load import load_qwen3vl, qwen3vl_config
+  from experiments.hf.qwen3vl.load import experts_layout_of, load_qwen3vl, qwen3vl_config
+  from experiments.hf.safetensors_io import Checkpoint
   from experiments.jobs.saved import saved_config
 
   workdir = check_new_workdir(workdir)
   hf_dir = resolve_checkpoint(hf_dir)
-  check_tokenizer(hf_dir, qwen3vl_config(read_config_json(hf_dir)).text.vocab_size, workdir)
+  hf = read_config_json(hf_dir)
+  check_tokenizer(hf_dir, qwen3vl_config(hf).text.vocab_size, workdir)
   model, config = load_qwen3vl(hf_dir, dtype=dtype, param_dtype=param_dtype, max_len=max_len)
-  experiment = ml_collections.ConfigDict(
-      {"import_hf": {"model_type": "qwen3_vl", "hf_config": HF_CONFIG_COPY}, "seed": 0})
+  source = {"model_type": hf["model_type"], "hf_config": HF_CONFIG_COPY}
+  if config.text.moe_layers:   # export-hf writes the experts back in the layout read
+    source["experts_layout"] = experts_layout_of(Checkpoint(hf_dir), config)
+  experiment = ml_collections.ConfigDict({"import_hf": source, "seed": 0})
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   kept = write_run(hf_dir, workdir, params, saved_config("qwen3vl", experiment, config),
                    KEPT_FILES + PROCESSOR_FILES)

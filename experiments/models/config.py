@@ -40,7 +40,7 @@ class LMConfig:
     rope_theta: RoPE base.
     tie_embeddings: the output projection is the embedding table transposed.
     dtype, param_dtype: activation and parameter dtypes (names or dtypes).
-    remat: rematerialise every block in the backward (nnx.remat).
+    remat: rematerialise every block in the backward, in order (experiments/models/remat.py).
     memory_layers: layers whose memory slot holds `memory` (its delta is added
       to the residual stream before that layer's attention).
     memory: the memory-slot branch config shared by those layers (today an

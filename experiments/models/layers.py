@@ -141,12 +141,29 @@ class SwiGLU(nnx.Module):
     self.w_up = nnx.Param(normal(init_std)(rngs.params(), (d_model, ffn_dim), param_dtype))
     self.w_down = nnx.Param(normal(out_std)(rngs.params(), (ffn_dim, d_model), param_dtype))
 
-  def __call__(self, x_BxTxD):
+  def __call__(self, x_BxTxD, mesh=None):
+    """`mesh`: the device mesh of a sharded forward (None: one device). On it each
+    weight is read whole (`whole`), the FSDP pattern."""
     x_BxTxD = x_BxTxD.astype(self.dtype)
-    gate_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, self.w_gate[...].astype(self.dtype))
-    up_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, self.w_up[...].astype(self.dtype))
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF,
-                      self.w_down[...].astype(self.dtype))
+    w_gate, w_up, w_down = (whole(w[...].astype(self.dtype), mesh)
+                            for w in (self.w_gate, self.w_up, self.w_down))
+    gate_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, w_gate)
+    up_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, w_up)
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, w_down)
+
+
+def whole(w, mesh):
+  """`w` replicated on every device of `mesh` where it is read: the FSDP gather, so the
+  activations keep their batch layout and the weight's gradient is reduced back to its
+  shards. Left to itself XLA's partitioner sometimes computes with the weight's shard
+  instead, moving the activations: in Qwen3-VL-8B's Stage II step it gathered a
+  [8, 16,646, 4,096] output gradient and swapped [16,646, 12,288] SwiGLU products between
+  devices by all-to-all (15.5 GiB a device per step; BENCHMARKS.md). `w` unchanged
+  without a mesh of more than one device."""
+  if mesh is None or mesh.size == 1:
+    return w
+  from jax.sharding import NamedSharding, PartitionSpec
+  return jax.lax.with_sharding_constraint(w, NamedSharding(mesh, PartitionSpec()))
 
 
 class Embedding(nnx.Module):

@@ -10,7 +10,8 @@ partitioned by XLA from the shardings of its parameters and batch.
 `placement_rules(module)` is the model's part of the trainer's placement
 (experiments/trainer/placement.py): memory tables by rows, Lngram layers by
 their own rules (`lngram_jax.sharding.layer_param_spec`), the MoE FFN's routed
-experts by their expert dimension over `expert` (experiments/models/moe_parallel.py).
+experts by their expert dimension over `expert` (experiments/models/moe_parallel.py)
+and, at rest, by a width over `fsdp`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def lngram_paths(module) -> frozenset[tuple[str, ...]]:
                    if isinstance(node, LngramV2))
 
 
+def _experts_spec(shape, mesh) -> P:
+  """[E, ., .] experts over `expert`; at rest also over `fsdp` along the larger of the
+  other two dimensions it divides (gathered where the layer runs, like every fsdp
+  parameter: the exchange's shard_map takes whole experts)."""
+  fsdp = int(mesh.shape.get("fsdp", 1))
+  dims = [i for i in (1, 2) if fsdp > 1 and int(shape[i]) % fsdp == 0]
+  spec = ["expert", None, None]
+  if dims:
+    spec[max(dims, key=lambda i: int(shape[i]))] = "fsdp"
+  return P(*spec)
+
+
 def placement_rules(module) -> Rule:
   """The placement rule of `module`'s parameters: `rule(path, shape, mesh)` -> a
   PartitionSpec, or None for the trainer's default (fsdp / replicated).
@@ -63,7 +76,8 @@ def placement_rules(module) -> Rule:
   the router's columns with their routes); every other memory branch's tables
   (`.../memory/tables/<j>`, [rows, width]) split by rows the same way. The MoE
   FFN's `mlp/w_gate`, `mlp/w_up`, `mlp/w_down` ([E, ., .]) split their experts over
-  `expert` when that axis has more than one device (its size must divide E).
+  `expert` when that axis has more than one device (its size must divide E), and at
+  rest over `fsdp` too (`_experts_spec`).
   """
   layers = lngram_paths(module)
 
@@ -77,7 +91,7 @@ def placement_rules(module) -> Rule:
     if (len(path) >= 2 and path[-2] == "mlp" and path[-1] in EXPERT_WEIGHTS
         and len(shape) == 3 and int(mesh.shape.get("expert", 1)) > 1):
       check_expert_axis(int(shape[0]), mesh)
-      return P("expert", None, None)
+      return _experts_spec(shape, mesh)
     return None
 
   return rule

@@ -64,6 +64,7 @@ from experiments.models.config import LMConfig
 from experiments.models.cross_entropy import chunked_token_nll
 from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segment_positions
 from experiments.models.moe import MoEFFN
+from experiments.models.remat import recompute_after_cotangent
 from lngram_jax.layer import LngramV2
 
 Mode = Literal["parallel", "prefill", "decode", "decode_rows"]
@@ -145,8 +146,9 @@ class Block(nnx.Module):
       slot_ctx = ctx
       if slot == "memory":
         slot_ctx = ctx.replace(attn_norm_scale_D=self.attn_norm.scale[...])
-      y_BxTxD, out = _run_branch(getattr(self, slot), mode, x_BxTxD, slot_ctx,
-                                 None if cache is None else getattr(cache, f"{slot}_state"))
+      with jax.named_scope(slot):   # names its operations (plan --explain_memory)
+        y_BxTxD, out = _run_branch(getattr(self, slot), mode, x_BxTxD, slot_ctx,
+                                   None if cache is None else getattr(cache, f"{slot}_state"))
       if mode == "parallel":
         aux.update({f"{slot}/{name}": v for name, v in out.items()})
       else:
@@ -161,9 +163,10 @@ class Block(nnx.Module):
           h_BxTxD, positions_BxT, cache.k_BxSxHkvxDh, cache.v_BxSxHkvxDh, index_B=index_B,
           key_ok_BxS=key_ok_BxS)
     else:
-      attn_BxTxD, extras = self.attn(
-          h_BxTxD, positions_BxT, segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT,
-          return_kv=True, return_probs=bool(ctx.probe), mesh=layout.sharded(ctx.mesh))
+      with jax.named_scope("attention"):
+        attn_BxTxD, extras = self.attn(
+            h_BxTxD, positions_BxT, segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT,
+            return_kv=True, return_probs=bool(ctx.probe), mesh=layout.sharded(ctx.mesh))
       if ctx.probe:
         aux["attn/probs"] = extras["probs"]
     x_BxTxD = x_BxTxD + attn_BxTxD
@@ -184,13 +187,17 @@ class Block(nnx.Module):
 
   def _mlp(self, x_BxTxD, ctx: BranchContext, aux: dict, mode: Mode):
     """The FFN's output (dense or MoE; the MoE's aux into `aux` in parallel mode)."""
+    with jax.named_scope("mlp"):   # names its operations (plan --explain_memory)
+      return self._ffn(x_BxTxD, ctx, aux, mode)
+
+  def _ffn(self, x_BxTxD, ctx: BranchContext, aux: dict, mode: Mode):
     if isinstance(self.mlp, MoEFFN):
       y_mlp_BxTxD, moe_aux = self.mlp(self.mlp_norm(x_BxTxD), valid_BxT=ctx.valid_BxT,
                                       mesh=ctx.mesh)
       if mode == "parallel":
         aux.update({f"moe/{name}": v for name, v in moe_aux.items()})
       return y_mlp_BxTxD
-    return self.mlp(self.mlp_norm(x_BxTxD))
+    return self.mlp(self.mlp_norm(x_BxTxD), mesh=layout.sharded(ctx.mesh))
 
   def init_cache(self, batch: int, max_len: int, ctx: BranchContext) -> LayerCache:
     kv_shape = (batch, max_len, self.attn.n_kv_heads, self.attn.head_dim)
@@ -206,7 +213,15 @@ def _parallel_block(block, x_BxTxD, ctx, positions_BxT):
   return block(x_BxTxD, ctx, mode="parallel", positions_BxT=positions_BxT)
 
 
-_parallel_block_remat = nnx.remat(_parallel_block)
+def _parallel_block_remat(block, x_BxTxD, ctx, positions_BxT):
+  """`_parallel_block` keeping only its inputs for the backward, which recomputes the
+  block once the cotangent of its output has arrived (experiments/models/remat.py)."""
+  graphdef, state = nnx.split(block)
+
+  def run(state, x_BxTxD, ctx, positions_BxT):
+    return _parallel_block(nnx.merge(graphdef, state), x_BxTxD, ctx, positions_BxT)
+
+  return recompute_after_cotangent(run)(state, x_BxTxD, ctx, positions_BxT)
 
 
 def layer_spans(config: LMConfig, scan: bool) -> tuple[tuple[int, int], ...]:

@@ -77,8 +77,10 @@ def line_bytes(line: str, shapes: dict[str, str] | None = None) -> tuple[str, fl
     return None
   shape = m.group("shape")
   if m.group("start") and shape.startswith("("):
-    # An async start returns (operands, results[, context]): count the results half.
-    shape = _async_results(shape)
+    # An async start returns (operands, results[, context]): count the results half. A
+    # collective-permute-start's tuple is flat, (operand, result, context scalars...),
+    # as the TPU compiler and XLA:GPU write it: its result is the second element.
+    shape = _async_results(shape, flat=op == "collective-permute")
   nbytes = _array_bytes(shape)
   group = _group_size(line)
   if op == "ragged-all-to-all":
@@ -95,8 +97,9 @@ def line_bytes(line: str, shapes: dict[str, str] | None = None) -> tuple[str, fl
   return op, nbytes
 
 
-def _async_results(shape: str) -> str:
-  """The results element of an async start's tuple shape `((ins...), (outs...), ...)`."""
+def _async_results(shape: str, flat: bool = False) -> str:
+  """The results element of an async start's tuple shape `((ins...), (outs...), ...)`;
+  `flat`: of `(in, out, ...)` (a collective-permute-start)."""
   depth, parts, current = 0, [], ""
   for ch in shape[1:-1]:   # commas inside (...), [dims] and {layout} do not split
     if ch in "([{":
@@ -109,7 +112,9 @@ def _async_results(shape: str) -> str:
     else:
       current += ch
   parts.append(current)
-  return parts[1] if len(parts) > 1 and parts[0].strip().startswith("(") else shape
+  if len(parts) > 1 and (flat or parts[0].strip().startswith("(")):
+    return parts[1]
+  return shape
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
@@ -141,9 +146,10 @@ def _bounded_trips(comps: dict[str, list[str]], cond) -> int | None:
   return None
 
 
-def collective_bytes(hlo_text: str) -> dict[str, float]:
+def collective_bytes(hlo_text: str, unknown_trip_count: int = 1) -> dict[str, float]:
   """{kind: bytes per device per run} over `OPS`, plus "unknown_trips": how many while
-  loops holding collectives had no known trip count (counted once)."""
+  loops holding collectives had no known trip count (counted `unknown_trip_count` times:
+  once unless told; 0 leaves them out, e.g. a decode loop that ends on its end tokens)."""
   comps, entry = _computations(hlo_text)
   shapes = {m.group("name"): m.group("shape") for line in hlo_text.splitlines()
             if (m := _DEFINES.match(line))}
@@ -163,7 +169,7 @@ def collective_bytes(hlo_text: str) -> dict[str, float]:
         trips = _TRIPS.search(line)
         n = int(trips.group("n")) if trips else _bounded_trips(comps, _COND.search(line))
         body = w.group("body").lstrip("%")
-        called.append((body, n or 1))
+        called.append((body, n if n else unknown_trip_count))
         if not n and any(total(body, seen | {name}).values()):
           unknown[0] += 1
       elif " fusion(" not in line:   # fusions hold no collectives

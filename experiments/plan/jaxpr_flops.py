@@ -18,6 +18,13 @@ whole program, global shapes:
 Only matmuls count (elementwise work is left out), so this is the program's view of
 experiments/plan/accounting.py's formula.
 
+`jaxpr_flops(jaxpr, kernels=False)` leaves out the work a platform choice gives to a
+Pallas kernel (cond: the cheapest branch, which is the kernel's where a kernel runs),
+and `loops=False` counts a scan's body once: together they count the matmuls as a
+compiler's cost analysis does on a TPU or GPU, which sees no kernel's work and a loop
+body once. The plan uses the three counts to say why the compiler's FLOPs differ from
+the formula's (experiments/plan/report.py).
+
 A ragged dot traced under a name scope `routed_rows_<n>` counts n of its ragged
 dimension's rows (at most all): expert parallelism's receive buffer holds the
 worst case of uneven loads (every device's every slot), while the rows that
@@ -86,26 +93,29 @@ def _shards(eqn) -> int:
   return math.prod(int(shape.get(a, 1)) for a in axes)
 
 
-def jaxpr_flops(jaxpr, scope: str = "") -> float:
+def jaxpr_flops(jaxpr, scope: str = "", *, kernels: bool = True, loops: bool = True) -> float:
   """Matmul FLOPs of `jaxpr` (a Jaxpr or ClosedJaxpr), module docstring. `scope`: the
-  name stack of the equation holding it (a branch's jaxpr starts a fresh one)."""
+  name stack of the equation holding it (a branch's jaxpr starts a fresh one).
+  `kernels=False`: a cond counts its cheapest branch (a Pallas kernel's, where one runs);
+  `loops=False`: a scan counts its body once (module docstring)."""
   if isinstance(jaxpr, core.ClosedJaxpr):
     jaxpr = jaxpr.jaxpr
   total = 0.0
+  pick = max if kernels else min
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     where = f"{scope}/{eqn.source_info.name_stack}"
-    inner = functools.partial(jaxpr_flops, scope=where)
+    inner = functools.partial(jaxpr_flops, scope=where, kernels=kernels, loops=loops)
     if name == "dot_general":
       total += _dot_flops(eqn)
     elif name in _RAGGED:
       total += _ragged_flops(eqn, where)
     elif name == "scan":
-      total += eqn.params["length"] * inner(eqn.params["jaxpr"])
+      total += (eqn.params["length"] if loops else 1) * inner(eqn.params["jaxpr"])
     elif name == "shard_map":
       total += _shards(eqn) * sum(inner(j) for j in _jaxprs(eqn.params["jaxpr"]))
     elif name == "cond":
-      total += max((inner(j) for j in _jaxprs(eqn.params["branches"])), default=0.0)
+      total += pick((inner(j) for j in _jaxprs(eqn.params["branches"])), default=0.0)
     elif name == "while":
       total += inner(eqn.params["body_jaxpr"])
     elif name == "pallas_call":

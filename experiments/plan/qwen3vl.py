@@ -15,8 +15,9 @@ Stage I `sft_loss` over [B, T] conversation rows with the trainable mask
 `qwen3vl.stage.trainable`; Stage II the GRPO objective (`qwen3vl_grpo_hooks`)
 over prompts_per_step · group_size rows of [prompt | completion], the prompt
 being the image's tokens + PROMPT_TEXT text tokens (an assumption: the data
-decide it). Sampling the completions (prefill + max_new_tokens cached decode
-steps, on the host loop) is not part of the train step and is not planned.
+decide it). Sampling the completions (prefill + the decode loop to max_new_tokens) is
+not part of the train step: it is planned as a program of its own
+(`plan --program=rollout`, experiments/plan/rollout.py).
 Images: one per row at `qwen3vl.data.image_size` (fixed), grid [1, H/p, W/p].
 """
 
@@ -269,21 +270,30 @@ def check_qwen3vl_mesh(config, sizes: dict) -> None:
                      f"mesh.fsdp = {shards}.")
 
 
-def qwen3vl_abstract_run(config, mesh):
-  """The stage's AbstractRun (experiments/plan/abstract.py) and its geometry."""
-  from experiments.jobs.vlm.loss import trainable_mask
-  from experiments.plan.abstract import AbstractRun
+def abstract_params(mc, mesh):
+  """(graphdef, params, rest, the decoder's layer spans) of the abstract Qwen3VL of `mc`:
+  parameters as ShapeDtypeStructs under the trainer's placement on `mesh`, the rest
+  replicated (the step's and the rollout's, experiments/plan/rollout.py)."""
   from experiments.vlm.qwen3vl.model import Qwen3VL
-  mc = qwen3vl_model(config)
-  geo = geometry(config, mc)
   module = nnx.eval_shape(lambda: Qwen3VL(mc, rngs=nnx.Rngs(params=0)))
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   param_sh = mesh_lib.shardings(mesh_lib.param_specs(params, mesh, rules=None), mesh)
   replicated = NamedSharding(mesh, P())
-  params = _abstract(params, param_sh)
   rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                       rest)
+  return graphdef, _abstract(params, param_sh), rest, tuple(module.lm.layer_spans)
+
+
+def qwen3vl_abstract_run(config, mesh):
+  """The stage's AbstractRun (experiments/plan/abstract.py) and its geometry."""
+  from experiments.jobs.vlm.loss import trainable_mask
+  from experiments.plan.abstract import AbstractRun
+  mc = qwen3vl_model(config)
+  geo = geometry(config, mc)
+  graphdef, params, rest, _ = abstract_params(mc, mesh)
+  param_sh = jax.tree.map(lambda x: x.sharding, params)
+  replicated = NamedSharding(mesh, P())
   steps = int(config.train.steps)
   trainable = trainable_mask(config.qwen3vl.stage.trainable)
   tx = optim_lib.make_optimizer(config.optim, params, steps, trainable=trainable)

@@ -71,23 +71,10 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   explain_memory: also list the largest buffers live at the compiled step's memory peak
     (experiments/plan/buffers.py), in "buffers"."""
   import jax
-  chip = accelerators.accelerator(accelerator)
-  accelerators.projected_step_s(chip, flops=0.0, collective_bytes=0.0, devices=1, mfu=mfu)
-  sizes = refuse_mesh(config, block)
+  sizes, chip, devices, mesh = plan_mesh(config, block, accelerator=accelerator, mfu=mfu,
+                                         target=target, devices=devices)
   n = math.prod(sizes.values())
   compiler = compiler_of(target)
-  if target:
-    chip, devices = target_chip_and_devices(target)
-    if len(devices) != n:
-      raise ValueError(f"--mesh has {n} device{'s' if n > 1 else ''} "
-                       f"({_mesh_text(sizes)}); --target={target} has {len(devices)}: give "
-                       f"axis sizes whose product is {len(devices)}.")
-  else:
-    devices = list(jax.devices("cpu") if devices is None else devices)
-    if len(devices) < n:
-      raise ValueError(f"plan: the mesh needs {n} devices, this process has {len(devices)} "
-                       "CPU devices (run it through `lngram-exp plan`, which provides them).")
-  mesh = mesh_lib.make_train_mesh(sizes, devices=devices[:n])
   t0 = time.perf_counter()
   job = planner(config)
   run, mc, geo = job.abstract_run(config, mesh)
@@ -116,6 +103,13 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
   dense_ragged = bool(not target and getattr(run.model, "moe_layers", ()) and moe is not None
                       and getattr(moe, "dispatch", "grouped") == "grouped")
   matmul = jaxpr_flops(jaxpr)   # global, backend-independent (experiments/plan/jaxpr_flops.py)
+  # The same matmuls as a TPU/GPU compiler's cost analysis sees them (no Pallas kernel's
+  # work, each loop body once, the micro-batches scaled as its count is): why XLA's FLOPs
+  # differ from the formula's ("why not 1" in the report).
+  kernels = compiler == "XLA:CPU"
+  seen = {"no_kernels": jaxpr_flops(jaxpr, kernels=kernels),
+          "as_compiler": jaxpr_flops(jaxpr, kernels=kernels, loops=False)
+          * (accum / 2 if accum > 1 else 1)}
   # The step time rests on the program's matmuls (the jaxpr): XLA's cost analysis counts
   # a loop body once (the chunked cross entropy's chunks, the TPU compiler's windowed
   # collective matmuls), leaves out Pallas kernels (splash, the sink readout) and, on
@@ -136,7 +130,8 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
       "estimate_peak": estimate["params"] + estimate["optimizer"] + estimate["activations"],
       "xla": {**memory, "flops": flops, "bytes_accessed": float(cost.get("bytes accessed", 0.0))},
       "hbm_usable": usable_memory(target, devices),
-      "flops_formula": formula, "flops_jaxpr": matmul, "collectives": moved,
+      "flops_formula": formula, "flops_jaxpr": matmul, "flops_jaxpr_seen": seen,
+      "collectives": moved,
       "collective_bytes": sent, "remat": remat_policy(run.model),
       "dense_ragged": dense_ragged, "grad_accum": accum, "qwen3vl": vl,
       "loss_chunks": loss_chunks(run.model, B, T),
@@ -152,6 +147,30 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
                      else None)
   result["verdict"] = verdict(result)
   return result
+
+
+def plan_mesh(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4,
+              target: str | None = None, devices=None) -> tuple:
+  """(sizes, chip, devices, mesh) of a plan (`plan_run`'s arguments): the mesh checked
+  against the config, the chip (the target's when given) and the devices compiled for
+  (the target's, else this process's CPU devices); one-line errors otherwise."""
+  import jax
+  chip = accelerators.accelerator(accelerator)
+  accelerators.projected_step_s(chip, flops=0.0, collective_bytes=0.0, devices=1, mfu=mfu)
+  sizes = refuse_mesh(config, block)
+  n = math.prod(sizes.values())
+  if target:
+    chip, devices = target_chip_and_devices(target)
+    if len(devices) != n:
+      raise ValueError(f"--mesh has {n} device{'s' if n > 1 else ''} "
+                       f"({_mesh_text(sizes)}); --target={target} has {len(devices)}: give "
+                       f"axis sizes whose product is {len(devices)}.")
+  else:
+    devices = list(jax.devices("cpu") if devices is None else devices)
+    if len(devices) < n:
+      raise ValueError(f"plan: the mesh needs {n} devices, this process has {len(devices)} "
+                       "CPU devices (run it through `lngram-exp plan`, which provides them).")
+  return sizes, chip, devices, mesh_lib.make_train_mesh(sizes, devices=devices[:n])
 
 
 def routed_expert_bytes(params) -> tuple[int, int]:
@@ -187,8 +206,9 @@ def _mesh_text(sizes: dict) -> str:
 def remat_policy(model) -> str:
   """What the backward keeps of the decoder blocks (LMConfig.remat)."""
   if getattr(model, "remat", False):
-    return ("every decoder block rematerialised (jax.checkpoint, nothing saveable): the "
-            "backward keeps each block's input and recomputes the rest")
+    return ("every decoder block rematerialised in order (experiments/models/remat.py): "
+            "the backward keeps each block's input and recomputes the rest once the block "
+            "above is done")
   return "off: the backward keeps every block's intermediates"
 
 
@@ -289,8 +309,7 @@ def format_plan(r: dict, name: str = "") -> str:
     lines += [
         f"FLOPs per step    {_si(xla['flops'])}FLOP per device, {_si(xla['flops'] * n)}FLOP "
         f"in all {tag}; {_si(r['flops_formula'])}FLOP [formula]; {r['compiler']} in all ÷ "
-        f"formula {xla['flops'] * n / r['flops_formula']:.3f} (above 1: elementwise work, or "
-        "work replicated across the mesh)"]
+        f"formula {xla['flops'] * n / r['flops_formula']:.3f}", *_why_not_one(r)]
   lines += [
       f"matmul FLOPs      {_si(r['flops_jaxpr'])}FLOP per step in all [jaxpr] (÷ formula "
       f"{r['flops_jaxpr'] / r['flops_formula']:.3f}: the formula's matmuls, read from the "
@@ -348,6 +367,22 @@ def _expert_lines(r: dict) -> list[str]:
           f"of the experts on each device (mesh.expert={n}); their tokens come by all-to-all"
           if n > 1 else f"  routed experts  {_b(here)} per device of {_b(total)} in all "
           "[shapes] (mesh.expert=1: every device holds every expert)"]
+
+
+def _why_not_one(r: dict) -> list[str]:
+  """Why the compiler's FLOPs ÷ the formula's is not 1, from the jaxpr's matmuls counted
+  as the formula does, without the Pallas kernels' work, then with each loop body once."""
+  seen, formula = r.get("flops_jaxpr_seen"), r["flops_formula"]
+  if not seen or not seen["as_compiler"]:
+    return []
+  compiled = r["xla"]["flops"] * r["devices"]
+  kernels = r["compiler"] != "XLA:CPU"
+  return [f"  why not 1       the program's matmuls ÷ formula {r['flops_jaxpr'] / formula:.3f} "
+          f"[jaxpr]; " + (f"without the Pallas kernels' (no cost analysis counts them) "
+                          f"{seen['no_kernels'] / formula:.3f}; " if kernels else "")
+          + f"with each loop body once, as {r['compiler']} counts "
+          f"{seen['as_compiler'] / formula:.3f}; {r['compiler']}'s count ÷ that {compiled / seen['as_compiler']:.3f} (elementwise "
+          "work, work replicated across the mesh, and what the compiler adds or removes)"]
 
 
 def _buffer_lines(r: dict) -> list[str]:
@@ -434,7 +469,8 @@ def _memory_lines(r: dict) -> list[str]:
       how = f"(the compiler stopped: {r['oom']['message']})"
     return [f"peak memory       {at_least}{_gib(v['peak'])} per {_unit(r)} [{v['source']}] "
             f"{how}; {word} in {_usable_text(r, v['capacity'])}"]
-  source = {"estimate": "[estimate: parameters + optimizer state + activations]"}.get(
+  source = {"estimate": r.get("estimate_text",
+                               "[estimate: parameters + optimizer state + activations]")}.get(
       v["source"], f"[{v['source']}, the chip's own compiler for as many devices]")
   lines = [f"peak memory       {at_least}{_gib(v['peak'])} per device {source}; {word} in "
            f"{_usable_text(r, v['capacity'])}"]
@@ -518,4 +554,5 @@ def _qwen3vl_lines(lines: list[str], r: dict) -> None:
     lines.append(f"note: Stage II plans the policy-gradient step over {g['rows']} rows of "
                  f"[image + {g['seq_len'] - g['new_tokens'] - g['visual_per_row']} prompt "
                  f"tokens (assumed) | {g['new_tokens']:,} completion tokens]; generation "
-                 f"(prefill + {g['new_tokens']:,} cached decode steps) not planned")
+                 f"(prefill + the decode loop to {g['new_tokens']:,} tokens) is planned by "
+                 "plan --program=rollout")

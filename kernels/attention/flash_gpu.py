@@ -5,8 +5,10 @@ kernel (jax.experimental.pallas.ops.gpu.attention.mha) takes as many KV heads as
 query heads, so K and V are repeated over each group (O(T) memory, like K and V
 themselves); it applies the causal mask and the segment-id equality itself and
 has Triton backward kernels. Blocks of 128 tokens (or T when shorter) must
-divide T (`padded_length` is the length a caller pads to); the head width is
-padded to a power of 2 inside the kernel.
+divide T, and Triton takes only power-of-2 tiles, so a T below 128 must be one
+(`padded_length` is the length a caller pads to: an 82-token prompt goes to 128,
+not to 96, whose 96-row tile XLA:GPU refuses); the head width is padded to a power
+of 2 inside the kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ def forward_block(dtype, head_dim: int) -> int:
 
 def supported(T: int, head_dim: int) -> bool:
   b = min(BLOCK, T)
-  return T % b == 0 and T % min(BACKWARD_BLOCK, T) == 0 and b >= 16 and head_dim >= 16
+  power_of_2 = b & (b - 1) == 0
+  return (power_of_2 and T % b == 0 and T % min(BACKWARD_BLOCK, T) == 0 and b >= 16
+          and head_dim >= 16)
 
 
 def head_width_supported(head_dim: int) -> bool:
@@ -39,8 +43,9 @@ def head_width_supported(head_dim: int) -> bool:
 
 def padded_length(T: int) -> int:
   """The least length >= T that `supported` takes."""
-  unit = BLOCK if T > BLOCK else BACKWARD_BLOCK
-  return -(-T // unit) * unit
+  if T > BLOCK:
+    return -(-T // BLOCK) * BLOCK
+  return max(16, 1 << (T - 1).bit_length())
 
 
 def flash_attention(q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh, segment_ids_BxT, *,

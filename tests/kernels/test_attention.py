@@ -141,3 +141,15 @@ def test_kernel_per_batch_shard_on_a_mesh():
   got, want = fn(q, k, v, seg, valid), attention_reference(q, k, v, seg, valid)
   np.testing.assert_allclose(np.asarray(got)[np.asarray(valid)],
                              np.asarray(want)[np.asarray(valid)], rtol=2e-5, atol=2e-5)
+
+
+def test_gpu_flash_lengths_are_padded_to_power_of_2_tiles():
+  """Triton takes power-of-2 tiles only: below 128 tokens the padded length is one (an
+  82-token prompt went to 96 once, which XLA:GPU refused), above it a multiple of 128;
+  each is the least such length."""
+  for T in range(1, 600):
+    n = flash_gpu.padded_length(T)
+    tile = min(flash_gpu.BLOCK, n)
+    assert n >= T and flash_gpu.supported(n, 64), T
+    assert tile & (tile - 1) == 0, (T, n)
+    assert not any(flash_gpu.supported(m, 64) for m in range(max(T, 16), n)), (T, n)

@@ -124,6 +124,19 @@ def test_flash_attention_compiles(head_dim, dtype, chip):
   assert forward >= 1 and backward > forward
 
 
+def test_flash_attention_compiles_for_a_short_prompt():
+  """An 82-token prompt (a sampler's prefill) is padded to one power-of-2 tile; the
+  96-row tile it was once given does not compile for a GPU."""
+  B, T, Hq, Hkv, Dh = 2, 82, 16, 8, 128
+
+  def loss(q, k, v, seg):
+    return _sum(causal_attention(q, k, v, seg, implementation="triton", interpret=False))
+
+  avals = (_aval((B, T, Hq, Dh), jnp.bfloat16), _aval((B, T, Hkv, Dh), jnp.bfloat16),
+           _aval((B, T, Hkv, Dh), jnp.bfloat16), _aval((B, T), jnp.int32))
+  assert gpu_compiled_text(loss, avals, GPU_TARGETS["sm90"]).count(CALL) >= 1
+
+
 @pytest.mark.parametrize("chip", sorted(GPU_TARGETS))
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_grouped_matmul_compiles_and_replaces_the_dense_ragged_dot(dtype, chip):

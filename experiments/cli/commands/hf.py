@@ -21,8 +21,8 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "import-hf": "a Hugging Face checkpoint (Qwen3, Qwen3-MoE, Llama, Qwen2, Qwen3-VL) as a "
-                 "run directory",
+    "import-hf": "a Hugging Face checkpoint (Qwen3, Qwen3-MoE, Llama, Qwen2, Qwen3-VL, "
+                 "Qwen3-VL-MoE) as a run directory",
     "export-hf": "an LM run's backbone as a Hugging Face checkpoint in --out",
 }
 # --out is defined by experiments/cli/commands/data.py, --workdir and --step by

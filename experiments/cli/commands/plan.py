@@ -2,10 +2,13 @@
 
     lngram-exp plan --config=experiments/configs/hf_lngram.py:keye2b --mesh=fsdp=64
                     [--accelerator=h100 --mfu=0.4 | --target=h800:8x8 | --target=v5p:4x4x4]
-                    [--dump_hlo=F] [--explain_memory]
+                    [--dump_hlo=F] [--explain_memory] [--program=step|rollout]
 
 Per-device memory, FLOPs, collective bytes and step time of a config on a mesh,
 compiled from shapes before any run (the library: experiments/plan, DESIGN.md §10.1).
+`--program=rollout` (a Qwen3-VL GRPO config) plans Stage II's sampling instead of the
+train step: the prefill and the decode loop as one program, its peak memory and a
+memory-bound decode time (experiments/plan/rollout.py).
 
 With `--target=<TPU topology>` the step is compiled by the TPU compiler for that
 topology's devices (experiments/plan/tpu.py; `pip install -e '.[tpu]'`), with
@@ -36,7 +39,7 @@ import sys
 COMMANDS = {"plan": "per-device memory, FLOPs, collective bytes and step time of a config on "
                     "a mesh, compiled from shapes before any run"}
 FLAGS_OF = {"plan": {"config", "mesh", "accelerator", "mfu", "target", "dump_hlo",
-                     "explain_memory"}}
+                     "explain_memory", "program"}}
 REQUIRED_OF = {"plan": ("config",)}
 # (absl kind, name, default, lower bound, help); --config, --mesh: experiments/cli/flags.py.
 FLAGS = [
@@ -53,6 +56,8 @@ FLAGS = [
     ("bool", "explain_memory", False, None, "plan: list the largest buffers live at the "
      "memory peak (shape, size, the operation and source line that made each), read from "
      "the compiler's buffer assignment."),
+    ("string", "program", "step", None, "plan: step (the train step) or rollout (a Qwen3-VL "
+     "GRPO config's sampling: prefill + the decode loop to max_new_tokens)."),
 ]
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
 # The most host devices XLA:CPU compiles one program for (jaxlib 0.10.2: 2048 works; with
@@ -91,22 +96,30 @@ def run(command: str, f, argv: list[str]) -> int:
   name = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "")
   return plan_command(f.config, f.mesh, accelerator=f.accelerator, mfu=f.mfu, target=f.target,
                       dump_hlo=f.dump_hlo, accelerator_given=f["accelerator"].present,
-                      name=name, argv=argv, explain_memory=f.explain_memory)
+                      name=name, argv=argv, explain_memory=f.explain_memory,
+                      program=f.program)
 
 
 def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: float = 0.4,
                  target: str | None = None, dump_hlo: str | None = None,
                  accelerator_given: bool = False, name: str = "",
-                 argv: list[str] | None = None, explain_memory: bool = False) -> int:
+                 argv: list[str] | None = None, explain_memory: bool = False,
+                 program: str = "step") -> int:
   """Prints the plan of `config` on `mesh` (`data=8`, `fsdp=8,seq=8`; none: one device);
   `target`: a TPU topology to compile for; `dump_hlo`: a file for the compiled program's
-  text; `argv`: the command line, rerun in a subprocess when this process lacks devices."""
+  text; `argv`: the command line, rerun in a subprocess when this process lacks devices;
+  `program`: "step" (the train step) or "rollout" (experiments/plan/rollout.py)."""
   import math
   from pathlib import Path
 
   from experiments.plan import accelerators, gpu, tpu
   from experiments.plan.report import format_plan, plan_run, refuse_mesh
+  from experiments.plan.rollout import PROGRAMS, check_rollout_config, format_rollout, plan_rollout
   from experiments.trainer.placement import parse_mesh
+  if program not in PROGRAMS:
+    raise ValueError(f"--program={program!r} is not one of {', '.join(PROGRAMS)}.")
+  if program == "rollout":
+    check_rollout_config(config)
   block = parse_mesh(mesh or "")
   accelerators.accelerator(accelerator)   # a bad name or MFU: refused before any work
   accelerators.projected_step_s(accelerators.accelerator(accelerator), flops=0.0,
@@ -144,9 +157,14 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
     sys.stdout.flush()
     return subprocess.run([sys.executable, "-m", "experiments", *argv[1:]], env=env,
                           check=False).returncode
-  result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu, target=target,
-                    proxy=not target, explain_memory=explain_memory)
-  print(format_plan(result, name))
+  if program == "rollout":
+    result = plan_rollout(config, sizes, accelerator=accelerator, mfu=mfu, target=target,
+                          explain_memory=explain_memory)
+    print(format_rollout(result, name))
+  else:
+    result = plan_run(config, sizes, accelerator=accelerator, mfu=mfu, target=target,
+                      proxy=not target, explain_memory=explain_memory)
+    print(format_plan(result, name))
   if dump_hlo:
     Path(dump_hlo).expanduser().write_text(result["hlo"])
     print(f"wrote the compiled program ({result['compiler']}) to {dump_hlo}")

@@ -4,6 +4,7 @@
   load            `load_qwen3vl`, `qwen3vl_config`, `vlm_logits`: a checkpoint directory in
   names           the tensor name table: HF names <-> our parameter paths
   export          a run back to the checkpoint layout transformers (and the authors) load
+  moe             Qwen3-VL-MoE (Qwen3-VL-30B-A3B): its config fields and fused expert layouts
   processor       `Qwen3VLProcessor`: the checkpoint's tokenizer, image and chat template
   chat            the checkpoint's chat template, rendered with jinja2 as transformers does
   tiny_processor  writes a tiny processor directory (CPU smoke runs, tests)

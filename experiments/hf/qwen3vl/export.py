@@ -12,8 +12,10 @@ text_config gets their `pvm_layers` / `pvm_hidden_size`, so the authors'
 `PVMQwen3VLForConditionalGeneration.from_pretrained(out)` holds what we
 trained, and our import reads it back bit for bit (DESIGN.md §11.8).
 Without PVM layers this is a plain `Qwen3VLForConditionalGeneration`
-checkpoint. Like export-hf's LM path, `out` appears whole at the end or not
-at all (`new_directory`). A run that came from a checkpoint keeps that config.json
+checkpoint, or `Qwen3VLMoeForConditionalGeneration` for a decoder with MoE
+layers (experiments/hf/qwen3vl/moe.py: its fields, its fused expert layouts).
+Like export-hf's LM path, `out` appears whole at the end or not at all
+(`new_directory`). A run that came from a checkpoint keeps that config.json
 (`hf_config.json` in the run): every field we do not model survives.
 """
 
@@ -29,6 +31,7 @@ from flax import nnx
 
 from experiments.hf.atomic_dir import check_new_directory, new_directory
 from experiments.hf.pvm_format import pvm_text_fields, pvm_to_hf
+from experiments.hf.qwen3vl import moe
 from experiments.hf.qwen3vl.load import ARCHITECTURE, MODEL_TYPE
 from experiments.hf.qwen3vl.names import qwen3vl_table
 from experiments.hf.safetensors_io import SINGLE_NAME, write_file
@@ -43,11 +46,14 @@ def _flat(model) -> dict[str, np.ndarray]:
       nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]}
 
 
-def qwen3vl_to_hf(model) -> dict[str, np.ndarray]:
-  """Every parameter of `model` (a Qwen3VL) under its HF / the PVM authors' name."""
+def qwen3vl_to_hf(model, experts: str = moe.DEFAULT_LAYOUT) -> dict[str, np.ndarray]:
+  """Every parameter of `model` (a Qwen3VL) under its HF / the PVM authors' name; a
+  Qwen3-VL-MoE's experts in the layout `experts` (experiments/hf/qwen3vl/moe.py)."""
   c = model.config
+  if c.text.moe_layers:
+    moe.check_exportable(c.text)
   flat = _flat(model)
-  out = table_to_hf(qwen3vl_table(c), flat)
+  out = table_to_hf(qwen3vl_table(c, experts), flat)
   if c.text.ffn_branch_layers:
     out |= pvm_to_hf(c.text, flat, "lm/")
   return out
@@ -57,7 +63,9 @@ def qwen3vl_config_json(config, source: dict | None = None) -> dict:
   """config.json of `config` (over `source`, the config.json the run came from)."""
   c, t, v = config, config.text, config.vision
   out = dict(source or {})
+  sparse = bool(t.moe_layers) or out.get("model_type") == moe.MODEL_TYPE
   text = dict(out.get("text_config") or {})
+  source_text = dict(text)
   for key in ("pvm_layers", "pvm_hidden_size"):
     text.pop(key, None)
   rope = dict(text.get("rope_parameters") or {})
@@ -71,16 +79,24 @@ def qwen3vl_config_json(config, source: dict | None = None) -> dict:
               tie_word_embeddings=t.tie_embeddings, rope_parameters=rope,
               dtype=np.dtype(t.param_dtype).name, **pvm_text_fields(t))
   text.pop("rope_scaling", None)
+  if sparse:   # Qwen3-VL-MoE: its own types; only the top-level flag ties (text's kept)
+    text.update(model_type=moe.TEXT_MODEL_TYPE)
+    del text["tie_word_embeddings"]
+    text.update({k: v for k, v in source_text.items() if k == "tie_word_embeddings"})
+    if t.moe_layers:
+      text.update(moe.moe_text_fields(t, source_text))
   vision = dict(out.get("vision_config") or {})
-  vision.update(model_type="qwen3_vl", depth=v.depth, hidden_size=v.hidden_size,
-                num_heads=v.num_heads, intermediate_size=v.intermediate_size,
-                patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+  vision.update(model_type=moe.VISION_MODEL_TYPE if sparse else "qwen3_vl", depth=v.depth,
+                hidden_size=v.hidden_size, num_heads=v.num_heads,
+                intermediate_size=v.intermediate_size, patch_size=v.patch_size,
+                temporal_patch_size=v.temporal_patch_size,
                 spatial_merge_size=v.spatial_merge_size, in_channels=v.in_channels,
                 out_hidden_size=v.out_hidden_size,
                 num_position_embeddings=v.num_position_embeddings,
                 deepstack_visual_indexes=list(v.deepstack_visual_indexes),
                 hidden_act=v.hidden_act)
-  out.update(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, text_config=text,
+  out.update(architectures=[moe.ARCHITECTURE if sparse else ARCHITECTURE],
+             model_type=moe.MODEL_TYPE if sparse else MODEL_TYPE, text_config=text,
              vision_config=vision, image_token_id=c.image_token_id,
              video_token_id=c.video_token_id, vision_start_token_id=c.vision_start_token_id,
              vision_end_token_id=c.vision_end_token_id, tie_word_embeddings=t.tie_embeddings)
@@ -88,14 +104,16 @@ def qwen3vl_config_json(config, source: dict | None = None) -> dict:
   return out
 
 
-def export_qwen3vl(model, workdir, out, step: int) -> dict:
+def export_qwen3vl(model, workdir, out, step: int, experts: str | None = None) -> dict:
   """Writes config.json + model.safetensors (+ the run's processor files) into `out`,
-  whole or not at all (experiments/hf/atomic_dir.py `new_directory`)."""
+  whole or not at all (experiments/hf/atomic_dir.py `new_directory`). experts: the
+  layout of a Qwen3-VL-MoE's expert tensors (the one its run was imported from; default
+  transformers 5's)."""
   out = check_new_directory(out, "out", "export-hf", "checkpoint")
   workdir = Path(workdir)
   source_path = workdir / SOURCE_CONFIG
   source = json.loads(source_path.read_text()) if source_path.is_file() else None
-  tensors = qwen3vl_to_hf(model)
+  tensors = qwen3vl_to_hf(model, experts or moe.DEFAULT_LAYOUT)
   with new_directory(out, "out", "export-hf", "checkpoint") as tmp:
     write_file(tmp / SINGLE_NAME, tensors, {"format": "pt"})
     (tmp / "config.json").write_text(

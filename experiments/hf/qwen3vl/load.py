@@ -1,4 +1,5 @@
-"""Hugging Face `Qwen3VLForConditionalGeneration` checkpoints in `Qwen3VL`, without torch.
+"""Hugging Face `Qwen3VLForConditionalGeneration` / `Qwen3VLMoeForConditionalGeneration`
+checkpoints in `Qwen3VL`, without torch.
 
     config = qwen3vl_config(read_config_json(hf_dir))   config.json -> Qwen3VLConfig
     model, config = load_qwen3vl(hf_dir)                 shape-only build, then each tensor
@@ -11,7 +12,9 @@ tower (no `vision_config`, a `qwen3_vl_text` config, or no `model.visual.*`
 tensors) is refused in one line. Text configs with the PVM authors' fields
 (`pvm_layers`, `pvm_hidden_size`; experiments/hf/pvm_format.py) get PVM
 branches at those layers, read from the checkpoint's `pvm_block` tensors when
-it holds them, else at their init (zero gate: step 0 is the base model).
+it holds them, else at their init (zero gate: step 0 is the base model). A
+`qwen3_vl_moe` config.json (Qwen3-VL-30B-A3B) gives the decoder Qwen3-MoE's
+sparse layers; its config fields and expert layouts: experiments/hf/qwen3vl/moe.py.
 Names: experiments/hf/qwen3vl/names.py; mapping and deviations: DESIGN.md §11.6.
 """
 
@@ -29,7 +32,8 @@ from experiments.hf.config import (
 )
 from experiments.hf.load import check_tensor_set, copy_params, named
 from experiments.hf.names import ignorable
-from experiments.hf.qwen3vl.names import VISION_PREFIX, qwen3vl_table
+from experiments.hf.qwen3vl import moe
+from experiments.hf.qwen3vl.names import VISION_PREFIX, qwen3vl_table, text_name
 from experiments.hf.safetensors_io import Checkpoint, HFCheckpointError
 from experiments.hf.tables import table_shapes, table_targets
 from experiments.vlm.qwen3vl.config import Qwen3VLConfig, VisionConfig
@@ -48,7 +52,9 @@ _NO_TOWER = "a checkpoint without a vision tower cannot be loaded as Qwen3-VL"
 
 
 def is_qwen3vl(hf: dict) -> bool:
-  return hf.get("model_type") in (MODEL_TYPE, MODEL_TYPE + "_text")
+  """A Qwen3-VL or Qwen3-VL-MoE config.json (or one of their text decoders alone)."""
+  return hf.get("model_type") in (MODEL_TYPE, MODEL_TYPE + "_text", moe.MODEL_TYPE,
+                                  moe.TEXT_MODEL_TYPE)
 
 
 def _pvm(text: dict, lm):
@@ -61,28 +67,35 @@ def _pvm(text: dict, lm):
 
 
 def qwen3vl_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> Qwen3VLConfig:
-  """The Qwen3VLConfig of a `qwen3_vl` config.json dict (PVM layers when it names them)."""
-  if hf.get("model_type") == MODEL_TYPE + "_text":
-    raise HFCheckpointError(f"config.json: model_type 'qwen3_vl_text' is the text decoder "
+  """The Qwen3VLConfig of a `qwen3_vl` or `qwen3_vl_moe` config.json dict (PVM layers when
+  it names them; MoE decoder layers: experiments/hf/qwen3vl/moe.py)."""
+  model_type = hf.get("model_type")
+  if model_type in (MODEL_TYPE + "_text", moe.TEXT_MODEL_TYPE):
+    raise HFCheckpointError(f"config.json: model_type {model_type!r} is the text decoder "
                             f"alone; {_NO_TOWER}.")
-  if hf.get("model_type") != MODEL_TYPE:
-    raise HFCheckpointError(f"config.json: model_type {hf.get('model_type')!r} is not "
-                            f"{MODEL_TYPE!r}.")
-  archs = hf.get("architectures") or [ARCHITECTURE]
-  if len(archs) != 1 or archs[0] not in ARCHITECTURES_READ:
+  if model_type not in (MODEL_TYPE, moe.MODEL_TYPE):
+    raise HFCheckpointError(f"config.json: model_type {model_type!r} is not "
+                            f"{MODEL_TYPE!r} or {moe.MODEL_TYPE!r}.")
+  readable = ARCHITECTURES_READ if model_type == MODEL_TYPE else (moe.ARCHITECTURE,)
+  archs = hf.get("architectures") or [readable[0]]
+  if len(archs) != 1 or archs[0] not in readable:
     raise HFCheckpointError(f"config.json: architectures {archs} is not supported for "
-                            f"model_type {MODEL_TYPE!r} (supported: one of "
-                            f"{list(ARCHITECTURES_READ)}).")
+                            f"model_type {model_type!r} (supported: one of "
+                            f"{list(readable)}).")
   vision, text = hf.get("vision_config"), hf.get("text_config")
   if not isinstance(vision, dict) or not vision:
     raise HFCheckpointError(f"config.json: no vision_config; {_NO_TOWER}.")
   if not isinstance(text, dict) or not text:
     raise HFCheckpointError("config.json: no text_config (Qwen3-VL's decoder).")
   held = hf.get("dtype") or hf.get("torch_dtype") or text.get("dtype") or "float32"
-  tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-  as_qwen3 = {**text, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
-              "dtype": held, "tie_word_embeddings": tie}
-  lm = hf_lm_config(as_qwen3, dtype=dtype, param_dtype=param_dtype, max_len=max_len)
+  if model_type == moe.MODEL_TYPE:
+    as_lm = moe.text_as_qwen3_moe(hf)
+  else:
+    as_lm = {**text, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+             "tie_word_embeddings": hf.get("tie_word_embeddings",
+                                           text.get("tie_word_embeddings", False))}
+  lm = hf_lm_config({**as_lm, "dtype": held}, dtype=dtype, param_dtype=param_dtype,
+                    max_len=max_len)
   rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
   section = tuple(rope.get("mrope_section") or ())
   with config_json_errors():
@@ -106,13 +119,21 @@ def qwen3vl_config(hf: dict, *, dtype=None, param_dtype=None, max_len=None) -> Q
     return Qwen3VLConfig(text=lm, vision=tower, **ids)
 
 
+def experts_layout_of(ckpt: Checkpoint, config: Qwen3VLConfig) -> str:
+  """The layout of the checkpoint's MoE expert tensors (experiments/hf/qwen3vl/moe.py);
+  a dense decoder has none (its table ignores it)."""
+  if not config.text.moe_layers:
+    return moe.DEFAULT_LAYOUT
+  return moe.experts_layout(ckpt, config.text, text_name)
+
+
 def _targets(config: Qwen3VLConfig, ckpt: Checkpoint) -> dict:
   """The name table's targets, checked against the checkpoint before any tensor is read."""
-  table = qwen3vl_table(config)
-  want = table_shapes(table)
   have = ckpt.names()
   if not any(n.startswith(VISION_PREFIX) for n in have):
     raise HFCheckpointError(f"{ckpt.dir}: no {VISION_PREFIX}* tensors; {_NO_TOWER}.")
+  table = qwen3vl_table(config, experts_layout_of(ckpt, config))
+  want = table_shapes(table)
   targets = table_targets(table)
   if config.text.ffn_branch_layers:
     from experiments.hf.pvm_format import pvm_targets

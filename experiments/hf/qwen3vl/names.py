@@ -14,7 +14,9 @@ ours [in, out]):
   merger.{norm,linear_fc1,linear_fc2}.*     merger/{norm,fc1,fc2}/*      as above
   deepstack_merger_list.k.*                 deepstack/k/*                as above
 
-`qwen3vl_table` is the whole backbone's table; the import targets, the
+Qwen3-VL-MoE's sparse layers hold their router and fused experts instead of
+the mlp.* rows (experiments/hf/qwen3_moe.py `layer_table`, the layout named by
+`experts`). `qwen3vl_table` is the whole backbone's table; the import targets, the
 shapes a checkpoint must hold and the export (experiments/hf/qwen3vl/
 export.py) are all read from it (`table_*` of experiments/hf/names.py).
 """
@@ -79,10 +81,11 @@ def vision_table(config: Qwen3VLConfig) -> dict[str, Row]:
   return t
 
 
-def qwen3vl_table(config: Qwen3VLConfig) -> dict[str, Row]:
-  """The name table of every backbone parameter of the model: {our path: Row}."""
+def qwen3vl_table(config: Qwen3VLConfig, experts: str = "fused") -> dict[str, Row]:
+  """The name table of every backbone parameter of the model: {our path: Row}; `experts`:
+  the layout of a Qwen3-VL-MoE decoder's expert tensors (experiments/hf/qwen3vl/moe.py)."""
   t = {f"lm/{path}": dataclasses.replace(row, theirs=tuple(map(text_name, row.theirs)))
-       for path, row in lm_table(config.text).items()}
+       for path, row in lm_table(config.text, experts).items()}
   return t | vision_table(config)
 
 

@@ -28,17 +28,21 @@ from pvm_jax.data.rewards import rewards
 
 
 def sample_completions(model, batch: dict, grid_thw, *, max_new_tokens: int, rng,
-                       temperature: float = 1.0):
+                       temperature: float = 1.0, eos: int | None = None):
   """(tokens int32 [B, N], log π_old float32 [B, N]) continuing each right-packed prompt
   (the one Qwen3-VL sampler, experiments/vlm/qwen3vl/generate.py).
 
   batch: input_ids / attention_mask [B, Tp] (real tokens first), lengths [B],
-  pixel_values [n, P]; grid_thw [images, 3].
+  pixel_values [n, P]; grid_thw [images, 3]. eos: a row ends at this token (kept);
+  its later tokens are `eos` again with log-probability 0 (the loss masks everything
+  after a row's first eos), and sampling ends when every row has ended. None: every
+  row runs to max_new_tokens.
   """
   inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
             "pixel_values": batch["pixel_values"], "image_grid_thw": grid_thw}
   return sample(model, inputs, max_new_tokens, rng=rng, temperature=temperature,
-                return_logp=True)
+                return_logp=True, eos_token_ids=eos,
+                pad_token_id=0 if eos is None else eos)
 
 
 def sequence_inputs(batch: dict, tokens_BxN, config, grid_thw) -> dict:
@@ -89,7 +93,7 @@ def qwen3vl_grpo_hooks(data, grpo, *, grid_thw, seed: int, eos: int, ref_model=N
   def sample(model, batch, rng):
     tokens_BxN, logp_BxN = sample_completions(
         model, batch, grid_thw, max_new_tokens=grpo.max_new_tokens, rng=rng,
-        temperature=grpo.temperature)
+        temperature=grpo.temperature, eos=eos)
     return sequence_inputs(batch, tokens_BxN, model.config, grid_thw), tokens_BxN, logp_BxN
 
   def score(tokens_BxN, batch):

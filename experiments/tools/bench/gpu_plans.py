@@ -3,6 +3,7 @@
     python -m experiments.tools.bench.gpu_plans --out=experiments/results/records/gpu_plans
     python -m experiments.tools.bench.gpu_plans --out=... --only=moe06b_v2_h800x8
     python -m experiments.tools.bench.gpu_plans --out=... --table      the table, from the records
+    python -m experiments.tools.bench.gpu_plans --out=... --buffers    what fills each peak
 
 Each recipe is `lngram-exp plan --target=<gpu>:<GPUs>` (experiments/plan/report.py
 `plan_run`) of a config at its own batch and sequence, compiled by XLA:GPU (jax's
@@ -10,14 +11,21 @@ CUDA plugin, `pip install -e '.[gpu-compile]'`) for the GPUs named, on this CPU
 machine; nothing is allocated. Usable memory is JAX's allocator share
 (XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unless set) of the memory CUDA reports. One
 JSON record per recipe, written as soon as its compile ends, in the format of
-tpu_plans (whose machinery this reuses); `--table` renders them.
+tpu_plans (whose machinery this reuses); `--table` and `--buffers` render them.
 """
 
 from __future__ import annotations
 
 import sys
 
-from experiments.tools.bench.tpu_plans import CONFIGS, KEYE2B_LONG, MOE06B_VOCAB, Recipe, main
+from experiments.tools.bench.tpu_plans import (
+  CONFIGS,
+  KEYE2B_LONG,
+  MOE06B_VOCAB,
+  Recipe,
+  keye30b_recipes,
+  main,
+)
 
 RECIPES = (
     Recipe("moe06b_baseline_h800x8", f"{CONFIGS}/moe06b_baseline.py", "data=8", "h800:8",
@@ -44,6 +52,11 @@ RECIPES = (
            (("train.grad_accum", "8"),),
            purpose="PVM Stage II (GRPO step), 8 prompts x group 8, 16,384-token completions, "
            "in 8 micro-batches"),
+    Recipe("pvm8b_rollout_h200x8", f"{CONFIGS}/qwen3vl_pvm_grpo.py", "fsdp=8", "h200:8",
+           purpose="PVM Stage II's rollout: prefill + decode loop, 64 rows to 16,384 new "
+           "tokens (rows × cache slots; step s = the rollout's modelled time)",
+           program="rollout"),
+    *keye30b_recipes("h800x64", "h800:8x8", "GPU", full=True),
 )
 
 

@@ -41,7 +41,7 @@ def test_help_forms_and_an_unknown_command(capsys):
 def test_import_hf_names_every_family_and_configs_align(capsys):
   assert run_main(["lngram-exp", "import-hf", "--help"]) == 0
   text = capsys.readouterr().out
-  for family in ("Qwen3", "Qwen3-MoE", "Llama", "Qwen2", "Qwen3-VL"):
+  for family in ("Qwen3", "Qwen3-MoE", "Llama", "Qwen2", "Qwen3-VL", "Qwen3-VL-MoE"):
     assert family in text
   assert run_main(["lngram-exp", "configs"]) == 0
   lines = capsys.readouterr().out.splitlines()

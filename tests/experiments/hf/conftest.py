@@ -92,3 +92,45 @@ def greedy_both():
                    greedy=True, use_cache=True)
     return np.asarray(got), want
   return run
+
+
+# Qwen3-VL-MoE: test_qwen3vl_parity.py's Qwen3-VL (two ViT layers, two DeepStack
+# mergers, a 3-layer decoder with interleaved MRoPE) with Qwen3-MoE FFNs: layer 1 dense
+# (mlp_only_layers), 5 experts of width 24 (2h = 48 is not D = 64: both fused expert
+# layouts are told apart), top-2, untied output.
+QWEN3VL_MOE_TEXT = dict(moe_intermediate_size=24, num_experts=5, num_experts_per_tok=2,
+                        decoder_sparse_step=1, mlp_only_layers=[1])
+
+
+def to_hub_expert_layout(tensors: dict) -> dict:
+  """transformers 5's fused experts ([E, out, in]) in the Hub's Qwen3-VL-MoE layout
+  ([E, in, out])."""
+  import numpy as np
+  return {name: np.ascontiguousarray(np.swapaxes(value, 1, 2))
+          if name.endswith(("experts.gate_up_proj", "experts.down_proj")) else value
+          for name, value in tensors.items()}
+
+
+@pytest.fixture(scope="session")
+def qwen3vl_moe_checkpoint(tmp_path_factory):
+  """(directory, the transformers Qwen3VLMoeForConditionalGeneration, float32, weights
+  redrawn large), saved by `save_pretrained` (transformers 5's fused expert layout);
+  directory.parent / "hub" holds the same model in the Hub's expert layout."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  import shutil
+
+  from safetensors.numpy import load_file, save_file
+  from test_qwen3vl_parity import TEXT, VISION_AND_IDS, redraw_large
+
+  config = transformers.Qwen3VLMoeConfig(text_config=TEXT | QWEN3VL_MOE_TEXT, **VISION_AND_IDS,
+                                         attn_implementation="eager")
+  torch.manual_seed(0)
+  model = redraw_large(transformers.Qwen3VLMoeForConditionalGeneration(config).eval())
+  root = tmp_path_factory.mktemp("qwen3vl_moe")
+  model.save_pretrained(root / "hf")
+  (root / "hub").mkdir()
+  shutil.copy(root / "hf" / "config.json", root / "hub" / "config.json")
+  save_file(to_hub_expert_layout(load_file(root / "hf" / "model.safetensors")),
+            root / "hub" / "model.safetensors", {"format": "pt"})
+  return root / "hf", model

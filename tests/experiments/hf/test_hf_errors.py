@@ -34,9 +34,9 @@ def tensors(path):
   return safetensors_numpy.load_file(str(path / "model.safetensors"))
 
 
-def refused(path, *needles, **kw):
+def refused(path, *needles, load=load_hf, **kw):
   with pytest.raises(HFCheckpointError) as e:
-    load_hf(path, **kw)
+    load(path, **kw)
   message = str(e.value)
   assert "\n" not in message, message
   for needle in needles:
@@ -123,3 +123,73 @@ def test_a_config_that_contradicts_config_json(qwen3_dir):
   _, config = load_hf(qwen3_dir)
   refused(qwen3_dir, "contradicts", "d_model=32", "(config.json: 64)", "n_layers=3",
           config=config.replace(d_model=32, n_layers=3))
+
+
+# -- Qwen3-VL-MoE -------------------------------------------------------------------------
+
+GATE_UP = "model.language_model.layers.2.mlp.experts.gate_up_proj"
+
+
+@pytest.fixture
+def vl_moe_dir(qwen3vl_moe_checkpoint, tmp_path):
+  """A copy of the tiny Qwen3-VL-MoE checkpoint (conftest.py), free to damage."""
+  src, _ = qwen3vl_moe_checkpoint
+  shutil.copytree(src, tmp_path / "vl_moe")
+  return tmp_path / "vl_moe"
+
+
+def vl_refused(path, *needles):
+  from experiments.hf.qwen3vl.load import load_qwen3vl
+  refused(path, *needles, load=load_qwen3vl)
+
+
+def edit_config(path, change):
+  config = json.loads((path / "config.json").read_text())
+  change(config)
+  (path / "config.json").write_text(json.dumps(config))
+
+
+def test_qwen3vl_moe_missing_or_misshapen_experts_are_named(vl_moe_dir):
+  full = tensors(vl_moe_dir)
+  save(vl_moe_dir, {k: v for k, v in full.items() if k != GATE_UP})
+  vl_refused(vl_moe_dir, "missing tensors", GATE_UP)
+  save(vl_moe_dir, full | {GATE_UP: full[GATE_UP][:4]})            # 4 experts, not 5
+  vl_refused(vl_moe_dir, GATE_UP, "[4, 48, 64]", "[5, 48, 64]")
+  router = "model.language_model.layers.0.mlp.gate.weight"
+  save(vl_moe_dir, full | {router: full[router][:, :32]})
+  vl_refused(vl_moe_dir, router, "[5, 32]", "[5, 64]")
+  # Per-expert names (no transformers reader for this model): one line saying so.
+  per_expert = {k: v for k, v in full.items() if ".experts." not in k}
+  per_expert |= {f"model.language_model.layers.{i}.mlp.experts.{e}.down_proj.weight":
+                 np.zeros((64, 24), np.float32) for i in (0, 2) for e in range(5)}
+  save(vl_moe_dir, per_expert)
+  vl_refused(vl_moe_dir, "per-expert tensors", "gate_up_proj")
+
+
+def test_qwen3vl_moe_config_fields_are_checked(vl_moe_dir):
+  edit_config(vl_moe_dir, lambda c: c["text_config"].update(num_local_experts=6))
+  vl_refused(vl_moe_dir, "model.language_model.layers.0.mlp.", "[5, 64, 24]", "[6, 64, 24]")
+  edit_config(vl_moe_dir, lambda c: c["text_config"].pop("num_local_experts"))
+  vl_refused(vl_moe_dir, "config.json", "'num_experts'")
+  edit_config(vl_moe_dir, lambda c: c["text_config"].update(num_experts=5,
+                                                            mlp_only_layers=[7]))
+  vl_refused(vl_moe_dir, "mlp_only_layers has [7]")
+  edit_config(vl_moe_dir, lambda c: c["text_config"].update(mlp_only_layers=[1],
+                                                            norm_topk_prob=False))
+  vl_refused(vl_moe_dir, "norm_topk_prob=False", "renormalises")
+  edit_config(vl_moe_dir, lambda c: c["text_config"].update(norm_topk_prob=True,
+                                                            model_type="qwen3_vl_text"))
+  vl_refused(vl_moe_dir, "text_config.model_type 'qwen3_vl_text'", "'qwen3_vl_moe_text'")
+  edit_config(vl_moe_dir, lambda c: c.update(architectures=["Qwen3VLForConditionalGeneration"]))
+  vl_refused(vl_moe_dir, "architectures", "Qwen3VLMoeForConditionalGeneration")
+
+
+def test_qwen3vl_moe_refusals_are_one_line_from_the_cli(vl_moe_dir, tmp_path, capsys):
+  from experiments.cli import run_main
+  edit_config(vl_moe_dir, lambda c: c.update(model_type="qwen3_vl_moe_text"))
+  run = tmp_path / "run"
+  assert run_main(["lngram-exp", "import-hf", f"--hf_dir={vl_moe_dir}",
+                   f"--workdir={run}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and "text decoder alone" in err and "\n" not in err
+  assert not run.exists()

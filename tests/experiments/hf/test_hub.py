@@ -265,3 +265,20 @@ def test_qwen3vl_hf_dir_takes_a_hub_id(hub_models):
   with pytest.raises(ValueError) as e:
     job_of(config).check(config)
   assert "org/absent" in one_line(e) and "HF_HUB_OFFLINE" in one_line(e)
+
+
+def test_import_hf_of_a_qwen3vl_moe_hub_id(qwen3vl_moe_checkpoint, offline_cache, tmp_path):
+  """A Qwen3-VL-MoE hub id (its experts in the Hub's layout, as Qwen3-VL-30B-A3B's files)
+  imports from the cache, and export-hf writes that layout back."""
+  from experiments.hf.safetensors_io import Checkpoint
+  from experiments.jobs.hf_runs import export_hf
+  source, _ = qwen3vl_moe_checkpoint
+  cache_repo(offline_cache, "org/vl-moe", source.parent / "hub")
+  with pytest.warns(UserWarning, match="no tokenizer.json"):
+    out = import_hf("org/vl-moe", tmp_path / "run")
+  assert out["qwen3vl"].text.moe_layers == (0, 2)
+  export_hf(tmp_path / "run", tmp_path / "out")
+  name = "model.language_model.layers.2.mlp.experts.gate_up_proj"
+  assert Checkpoint(tmp_path / "out").shape(name) == (5, 64, 48)
+  np.testing.assert_array_equal(Checkpoint(tmp_path / "out").tensor(name),
+                                Checkpoint(source.parent / "hub").tensor(name))

@@ -32,21 +32,32 @@ V, IMAGE, VIDEO, START, END = 300, 290, 291, 288, 289
 GRIDS = [(1, 4, 4), (1, 4, 4), (1, 8, 4)]     # row 0: one image; row 1: two of different size
 
 
+# The tower and the ids; the decoder's shape (tests/experiments/hf/conftest.py's
+# Qwen3-VL-MoE keeps it, its FFNs aside).
+VISION_AND_IDS = dict(
+    vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2,
+                       patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
+                       out_hidden_size=64, num_position_embeddings=16,
+                       deepstack_visual_indexes=[0, 1]),
+    image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
+    vision_end_token_id=END)
+TEXT = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=256,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                 mrope_section=[2, 3, 3], mrope_interleaved=True))
+
+
 def _hf_model():
-  config = transformers.Qwen3VLConfig(
-      text_config=dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       max_position_embeddings=256,
-                       rope_parameters=dict(rope_type="default", rope_theta=10000.0,
-                                            mrope_section=[2, 3, 3], mrope_interleaved=True)),
-      vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2,
-                         patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
-                         out_hidden_size=64, num_position_embeddings=16,
-                         deepstack_visual_indexes=[0, 1]),
-      image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
-      vision_end_token_id=END, attn_implementation="eager")
+  config = transformers.Qwen3VLConfig(text_config=TEXT, **VISION_AND_IDS,
+                                      attn_implementation="eager")
   torch.manual_seed(0)
-  model = transformers.Qwen3VLForConditionalGeneration(config).eval()
+  return redraw_large(transformers.Qwen3VLForConditionalGeneration(config).eval())
+
+
+def redraw_large(model):
+  """`model` (a transformers Qwen3-VL or Qwen3-VL-MoE) with its weights redrawn large, so
+  that a wrong transpose or position changes logits by O(1)."""
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "norm" in name and name.endswith("weight"):
@@ -55,8 +66,8 @@ def _hf_model():
         p.normal_(0.0, 0.5)
       elif "embed_tokens" in name or "pos_embed" in name:
         p.normal_(0.0, 1.0)
-      else:
-        p.normal_(0.0, 1.5 / p[0].numel() ** 0.5)
+      else:   # fan-in: a row of [out, ...]; fused experts [E, out, in]: their last axis
+        p.normal_(0.0, 1.5 / (p.shape[-1] if ".experts." in name else p[0].numel()) ** 0.5)
   return model
 
 
@@ -97,13 +108,19 @@ def close(got, want):
   np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
-def test_logits_equal_transformers(setup):
-  inputs, want = setup["inputs"], setup["hf_logits"]
+def assert_logits_equal(model, inputs, want):
+  """vlm_logits of `inputs` equal transformers' `want` at the real tokens (returned)."""
   real = inputs["attention_mask"].astype(bool)
-  got = vlm_logits(setup["model"], inputs)
+  got = vlm_logits(model, inputs)
   assert got.dtype == np.float32 and got.shape == want.shape
   assert np.abs(want[real]).max() > 3      # large weights: errors would show
   close(got[real], want[real])
+  return real
+
+
+def test_logits_equal_transformers(setup):
+  inputs, want = setup["inputs"], setup["hf_logits"]
+  real = assert_logits_equal(setup["model"], inputs, want)
   # The same rows padded on the right give the same logits at the real tokens.
   packed = pack_right(inputs)
   right = vlm_logits(setup["model"], {k: packed[k] for k in inputs})

@@ -159,6 +159,19 @@ def test_async_ragged_all_to_all_of_a_gpu_program():
   assert line_bytes(line) == ("all-to-all", 256 * 32 * 4)   # no operand shape: the result
 
 
+def test_async_collective_permute_counts_its_buffer_once():
+  """A collective-permute-start returns the flat (operand, result, context scalars): its
+  buffer counts once, not operand and result (the TPU compiler's FSDP gathers are rings of
+  these: counted twice, they read as double the traffic)."""
+  line = ("%cp = (bf16[1,192,1152]{2,1,0:T(8,128)(2,1)}, bf16[1,192,1152]{2,1,0:T(8,128)(2,1)}, "
+          "u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%x), channel_id=5, "
+          "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}")
+  assert line_bytes(line) == ("collective-permute", 192 * 1152 * 2)
+  gpu = ("%cp = (f32[8,4]{1,0}, f32[8,4]{1,0}) collective-permute-start(%x), channel_id=2, "
+         "source_target_pairs={{0,1},{1,0}}")
+  assert line_bytes(gpu) == ("collective-permute", 8 * 4 * 4)
+
+
 def test_projected_step_time_by_hand():
   chip = accelerators.accelerator("h100")
   t = accelerators.projected_step_s(chip, flops=chip.peak_flops * 0.5,
@@ -191,6 +204,12 @@ def test_jaxpr_flops_by_hand():
   scanned = jax.make_jaxpr(lambda a: jax.lax.scan(lambda c, _: (c @ a, None), a, None,
                                                   length=5)[0])(a)
   assert jaxpr_flops(scanned) == 5 * 2 * 16 ** 3
+  # As a compiler's cost analysis sees it: a loop body once, a platform's kernel branch
+  # (here the cheaper one: no matmul) instead of its XLA twin.
+  assert jaxpr_flops(scanned, loops=False) == 2 * 16 ** 3
+  chosen = jax.make_jaxpr(lambda a: jax.lax.platform_dependent(
+      a, cpu=lambda a: a @ a, default=lambda a: a * 2.0))(a)
+  assert jaxpr_flops(chosen) == 2 * 16 ** 3 and jaxpr_flops(chosen, kernels=False) == 0
 
 
 def test_qwen3vl_smoke_stages_plan_with_analytic_counts():

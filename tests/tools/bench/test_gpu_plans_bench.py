@@ -43,6 +43,8 @@ def test_the_tables_are_rendered_from_the_records():
     assert r["compiler"] == "XLA:GPU" and r["versions"]["jax-cuda12-plugin"]
     row = next(line for line in lines if line.startswith(f"| {r['name']}:"))
     assert f"{r['peak_bytes'] / 2**30:.1f}" in row
+  rollout = next(r for r in records if r["name"] == "pvm8b_rollout_h200x8")
+  assert rollout["fits"] and rollout["peak_bytes"] <= 48 * 2**30   # Stage II's bound
   rows = [json.loads(p.read_text()) for p in sorted(TABLE12.glob("*.json"))]
   assert rows and len(gpu_table12.table(rows).splitlines()) == 2 + len(rows)
 

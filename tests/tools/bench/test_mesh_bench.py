@@ -68,7 +68,7 @@ def test_table_layouts_show_the_route_parallel_merge(results, config):
     block = r["block"]
     tokens = config.data.batch_size // block.get("data", 1) * (
         config.data.seq_len // block.get("seq", 1))
-    merge = _sum(r, "all-reduce", ("jvp()/shard_map/pmax", "jvp()/shard_map/psum"))
+    merge = _sum(r, "all-reduce", ("jvp(memory)/shard_map/pmax", "jvp(memory)/shard_map/psum"))
     assert merge == tokens * mem.q_heads * (mem.route_dim + 2) * 4, name
     assert merge > 0
   # data=2×table=4: every other all-reduce as predicted too (gradients over data with the

@@ -42,6 +42,9 @@ def test_the_table_is_rendered_from_the_records(tmp_path):
   for r in records:   # a refused compile is shown as a lower bound
     assert r["fits"] or "DOES NOT FIT" in next(
         line for line in lines if line.startswith(f"| {r['name']}:"))
+  rollout = next(r for r in records if r["name"] == "pvm8b_rollout_v5p8")
+  assert rollout["program"] == "rollout" and "--program=rollout" in rollout["command"]
+  assert rollout["fits"] and rollout["peak_bytes"] <= 48 * 2**30   # Stage II's bound
   (tmp_path / "x.json").write_text(json.dumps(sft))
   assert tpu_plans.main([f"--out={tmp_path}", "--table"]) == 0
 
@@ -49,3 +52,25 @@ def test_the_table_is_rendered_from_the_records(tmp_path):
 def test_unknown_recipe_names_are_refused():
   with pytest.raises(SystemExit):
     tpu_plans.parse_args(["--out=/tmp/x", "--only=nope"])
+
+
+def test_the_buffer_listing_is_rendered_from_the_records(tmp_path, capsys):
+  """`--buffers`: each record's largest buffers at its peak, with the lines that made
+  them; records without a listing are left out."""
+  big = {"bytes": 409_174_016, "shape": "bf16[16648,12288]",
+         "op": "jit(step)/transpose(jvp(btd,df->btf))/dot_general",
+         "source": "experiments/models/layers.py:152"}
+  with_listing = {"name": "pvm8b_grpo_accum8_v5p8", "peak_bytes": 40 * 2**30,
+                  "memory": {"temp": 30 * 2**30},
+                  "peak_buffers": {"live_bytes": 25 * 2**30, "buffers": [big] * 7}}
+  without = {"name": "pvm8b_sft_v5p8", "peak_bytes": 2**30, "memory": {"temp": 2**30},
+             "peak_buffers": None}
+  text = tpu_plans.buffer_listing([without, with_listing])
+  lines = text.splitlines()
+  assert lines[0].startswith("- **pvm8b_grpo_accum8_v5p8** (peak 40.0 GiB, temporaries 30.0)")
+  assert len(lines) == 1 + 5 and "pvm8b_sft_v5p8" not in text
+  assert lines[1] == ("  - 390.2 MiB `bf16[16648,12288]` transpose(jvp(btd,df->btf))/dot_general "
+                      "(`experiments/models/layers.py:152`)")
+  (tmp_path / "a.json").write_text(json.dumps(with_listing))
+  assert tpu_plans.main([f"--out={tmp_path}", "--buffers"]) == 0
+  assert capsys.readouterr().out.strip() == text
