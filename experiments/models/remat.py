@@ -4,21 +4,20 @@
 
 `f_remat` computes f(*args) and keeps only `args` for the backward, like
 `jax.checkpoint(f)`; its backward recomputes f's forward from `args` and pulls the
-cotangent back through it. The difference is when that recomputation may run.
-`jax.checkpoint` makes the recomputed forward depend on the saved `args` only, so
-a compiler is free to schedule it as early as it likes, and XLA does: in an
-unrolled 36-block decoder (Qwen3-VL-8B, PVM Stage II, one 16,648-token row per
-device) XLA:GPU recomputed the forwards of about 17 blocks before their
-backwards ran, 20.8 GiB of SwiGLU products live at once. Here `args` and the
-incoming cotangent pass through one `lax.optimization_barrier` before the
-recomputation, so block i's forward is recomputed only after block i + 1's
-backward produced that cotangent; and the cotangents the backward returns (the
-input's, which the block below waits for, and the weights') pass through another,
-so a block's weight-gradient products cannot be deferred past the next block's
-recomputation either (with the first barrier alone XLA:GPU still kept the
-SwiGLU operands of ~17 blocks alive for their postponed weight gradients). One
-block's recomputed activations live at a time, as the reverse sweep intends
-(DESIGN.md §6.8).
+cotangent back through it. The difference is when its parts may run. Under
+`jax.checkpoint` a block's recomputed forward depends only on its saved `args`,
+and its weight gradients are off the path to the block below, so a compiler may
+run either whenever it likes, and XLA does: in an unrolled 36-block decoder
+(Qwen3-VL-8B, PVM Stage II, one 16,646-token row per device) XLA:GPU and XLA:TPU
+let the input cotangent run ahead through ~17 blocks while postponing each
+block's weight-gradient products, whose SwiGLU operands (390 MiB each) stayed
+alive meanwhile: 53 GiB a GPU, 97 GiB a v5p chip. Here `args` and the incoming
+cotangent pass through one `lax.optimization_barrier` before the recomputation
+(block i is recomputed only once block i + 1's backward produced its cotangent),
+and everything the backward returns passes through another (the input's
+cotangent, which the block below waits for, is released only with the weights').
+One block's recomputed activations are live at a time, as the reverse sweep
+intends: 22.4 GiB a GPU, 28.4 GiB a chip (DESIGN.md §6.8).
 
 Values and gradients equal `f`'s (tests/experiments/models/test_remat.py, float64,
 against the plain function and `jax.checkpoint`). Reverse mode only: the wrapper is a
