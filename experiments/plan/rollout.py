@@ -218,14 +218,9 @@ def plan_rollout(config, block: dict, *, accelerator: str = "h100", mfu: float =
   return r
 
 
-def _b(n: float) -> str:
-  from experiments.jobs.checks import format_bytes
-  return format_bytes(n)
-
-
 def format_rollout(r: dict, name: str = "") -> str:
   """The rollout's plan as text, one number a line with its source tag (report.py's)."""
-  from experiments.plan.report import _buffer_lines, _compiled_for, _memory_lines, _t, _unit
+  from experiments.plan.report import _b, _buffer_lines, _compiled_for, _memory_lines, _t, _unit
   g, chip, n = r["geometry"], r["accelerator"], r["devices"]
   mesh = " × ".join(f"{a}={s}" for a, s in r["block"].items() if s > 1) or "one device"
   tag = f"[HLO of {r['compiler']}]"
