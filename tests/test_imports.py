@@ -65,7 +65,7 @@ DESIGN_SECTIONS = {
     1: "Symbols", 2: "Lngram v2 conventions", 3: "PVM conventions", 4: "Data",
     5: "Deviations", 6: "Layout", 7: "Environment and testing", 8: "Comparison arms",
     9: "Reading the IDs", 10: "Training on a mesh", 11: "Pretrained backbones",
-    12: "The paper's 0.6B MoE recipes",
+    12: "The paper's 0.6B MoE recipes", 13: "LoRA through qwix",
 }
 
 

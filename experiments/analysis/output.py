@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from experiments.trainer import durable
 from experiments.trainer.lock import AnalysisLock
 
 
@@ -55,6 +56,7 @@ def atomic_write(path, write: Callable[[Path], object]) -> Path:
   except BaseException:
     tmp.unlink(missing_ok=True)
     raise
+  durable.sync_dir(path.parent)   # the rename too survives a power cut
   return path
 
 

@@ -132,6 +132,24 @@ def collect(model, config, *, max_positions: int | None, seed: int, n_reference:
   return ref, held, corpus
 
 
+def _without_empty_records(which, ref, held) -> tuple:
+  """`which` less the record analyses when a split has no position (a run too small, or
+  of texts that are not Python source, which the semantic targets read: DESIGN.md §9.1):
+  one warning naming them and why; a one-line ValueError if nothing else was asked."""
+  if ref.num_positions and held.num_positions:
+    return tuple(which)
+  skipped = [n for n in which if n in RECORD_ANALYSES]
+  rest = tuple(n for n in which if n not in RECORD_ANALYSES)
+  why = (f"the records hold {ref.num_positions} reference / {held.num_positions} held-out "
+         f"positions ({ref.skipped_files} / {held.skipped_files} documents skipped: they do "
+         "not parse as Python source, whose spans are the semantic targets)")
+  if not rest:
+    raise ValueError(f"analyze: {','.join(skipped)} cannot run on this run: {why}; these "
+                     "analyses need a run on Python source (stability and injection do not).")
+  log.warning("analyze: %s skipped (nothing written for them): %s.", ",".join(skipped), why)
+  return rest
+
+
 def analyze_lm(workdir, *, restore, which=LM_ANALYSES, step: int | None = None,
                max_positions: int | None = 4000, seed: int = 0, n_reference: int = 256,
                max_queries: int | None = 2000, n_perm: int = 500, n_docs: int = 48,
@@ -218,6 +236,7 @@ def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_r
     log.info("analyze: records of %d reference / %d held-out positions (%d / %d files "
              "skipped) in %.0fs", ref.num_positions, held.num_positions, ref.skipped_files,
              held.skipped_files, time.time() - t0)
+    which = _without_empty_records(which, ref, held)
   if "utilisation" in which:
     results["utilisation"], modules["utilisation"] = utilisation.utilisation(ref, held), utilisation
   if "id_knn" in which or "distributed" in which:

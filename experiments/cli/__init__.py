@@ -42,6 +42,8 @@ COMMANDS = {name: text for m in MODULES for name, text in m.COMMANDS.items()}
 FLAGS_OF = {name: takes for m in MODULES for name, takes in m.FLAGS_OF.items()}
 REQUIRED_OF = {name: needs for m in MODULES for name, needs in m.REQUIRED_OF.items()}
 MODULE_OF = {name: m for m in MODULES for name in m.COMMANDS}
+# A command's own text for a flag it shares with others (`COMMAND --help`).
+FLAG_HELP = {name: texts for m in MODULES for name, texts in getattr(m, "FLAG_HELP", {}).items()}
 __all__ = ["ANALYZE_FLAGS_OF", "COMMANDS", "FLAGS_OF", "REQUIRED_OF", "define_flags", "main",
            "run_main", "usage"]
 
@@ -79,7 +81,8 @@ def command_usage(fv: flags.FlagValues, command: str) -> str:
   for name in names:
     flag = fv[name]
     default = "" if flag.default in (None, [], "") else f" (default: {flag.default_as_str})"
-    lines.append(f"  --{name}: {flag.help}{default}")
+    text = FLAG_HELP.get(command, {}).get(name, flag.help)
+    lines.append(f"  --{name}: {text}{default}")
   if "config" in names:
     lines.append("  --config.<field>=<value>: set a field of the config file")
   return "\n".join(lines)

@@ -34,5 +34,7 @@ def define_flags(argv: list[str]) -> flags.FlagValues:
   for kind, name, default, bound, text in [*SHARED_FLAGS,
                                            *(f for m in MODULES for f in m.FLAGS)]:
     bounds = {} if bound is None else {"lower_bound": bound}
-    getattr(flags, f"DEFINE_{kind}")(name, default, text, flag_values=fv, **bounds)
+    # `kind`: an absl kind's name, or a command's own definer (experiments/cli/commands/hf.py).
+    define = kind if callable(kind) else getattr(flags, f"DEFINE_{kind}")
+    define(name, default, text, flag_values=fv, **bounds)
   return fv

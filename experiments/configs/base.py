@@ -7,7 +7,8 @@ library turns a config into its objects: `experiments.models.config.lm_config`
 
 Layout of an experiment config:
   model   the backbone (LMConfig fields; vocab_size 0 = the data's: 256 bytes, or
-          the token data's vocabulary); model.memory_layers and model.memory
+          the token data's vocabulary); model.lora: LoRA factors on the
+          backbone (rank 0 = none); model.memory_layers and model.memory
           = dict(kind="lngram", <LngramConfig fields except d_model, which
           follows model.d_model>), the branch in those layers' memory slot.
   data    corpus (kind "bytes": data.path = a folder of text files, empty = the
@@ -39,7 +40,11 @@ def base_config() -> ml_collections.ConfigDict:
       param_dtype="float32", remat=False, norm_eps=1e-6, memory_layers=(),
       memory=dict(kind="lngram", routes=16, bits=4, orders=(2, 3), mem_dim=32, q_heads=4,
                   kv_heads=2, head_dim=32, sink_mass=0.5, surrogate="onebit",
-                  readout="absorbed"))
+                  readout="absorbed"),
+      # LoRA on the backbone's projections (experiments/models/lora.py), off at rank 0;
+      # on, the backbone is frozen and the factors (and any branch) train. alpha 8 and
+      # targets "" (= q and the fused k/v projections) are PEFT's defaults.
+      lora=dict(rank=0, alpha=8.0, dropout=0.0, targets=""))
   # kind "bytes": data.path is a folder of text files; "tokens": a `prepare-data` directory.
   # Validation: the first val_doc_cap units (bytes, tokens) of every validation document,
   # at most val_budget units in all (0: no bound), packed per document, losses kept per

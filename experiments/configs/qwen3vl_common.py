@@ -1,4 +1,4 @@
-"""Shared defaults of the PVM-on-Qwen3-VL configs (qwen3vl_pvm_sft.py, qwen3vl_pvm_grpo.py).
+"""Shared defaults of the Qwen3-VL configs (qwen3vl_pvm_*.py, qwen3vl_lora_*.py).
 
 Not a config file itself (no `get_config`); a leaf: imports only
 ml_collections and `base`. The trainer reads `optim`, `train` and
@@ -12,8 +12,11 @@ ml_collections and `base`. The trainer reads `optim`, `train` and
   qwen3vl.pvm         layers and latent width of the branches (the paper's: 8/16/24
                       at 8B, 5/11/17 at 4B, latent 512); every other width is the
                       authors' (experiments/hf/pvm_format.py)
+  qwen3vl.lora        LoRA factors on the decoder's projections (rank 0: none;
+                      experiments/models/lora.py), the LoRA-SFT baseline's
   qwen3vl.stage       name "sft" | "grpo" and what trains ("branch": PVM only;
-                      "lm+branch": decoder + PVM, the vision tower frozen)
+                      "lm+branch": decoder + PVM, the vision tower frozen;
+                      "lora": the LoRA factors only)
   qwen3vl.data        train: a LLaVA-style JSONL ("" = the emoji scenes rendered
                       into the run directory, `emoji_n` rows); image_size: every
                       image resized to it (static shapes); seq_len: training rows
@@ -47,6 +50,8 @@ def qwen3vl_base_config(stage: str) -> ml_collections.ConfigDict:
   c.qwen3vl = dict(
       size="8b", hf_dir="", init_from="", max_len=0, remat=True,
       pvm=dict(layers=SIZES["8b"], latent_dim=512),
+      # LoRA on the decoder (rank 0: none); qwen3vl_lora_sft.py sets PEFT's defaults.
+      lora=dict(rank=0, alpha=8.0, dropout=0.0, targets=""),
       stage=dict(name=stage, trainable="branch" if stage == "sft" else "lm+branch"),
       data=dict(train="", emoji_n=2000, image_size=(448, 448)),
       grpo=dict(group_size=8, prompts_per_step=8, max_new_tokens=16384, lr=1e-6, clip_eps=0.2,
@@ -77,4 +82,14 @@ def apply_args(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
   q.pvm.update(layers=(1,), latent_dim=32)
   q.data.update(emoji_n=8, image_size=(128, 128))
   q.grpo.update(group_size=2, prompts_per_step=1, max_new_tokens=4)
+  return c
+
+
+def lora_baseline(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The PVM paper's LoRA rows: no branch, LoRA factors (PEFT's defaults: r 8, alpha 8,
+  dropout 0, q and v projections, targets "" = experiments/models/lora.py's default)
+  the only trained parameters."""
+  c.qwen3vl.pvm.layers = ()
+  c.qwen3vl.lora.update(rank=8, alpha=8.0, dropout=0.0, targets="")
+  c.qwen3vl.stage.trainable = "lora"
   return c

@@ -88,6 +88,8 @@ def apply_args(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
   smoke       the smoke shapes above;
   none        no branch (the base model trained on the same data: its LM trains);
   mlp         the iso-parameter parallel MLP instead of PVM;
+  lora        LoRA-SFT instead of PVM: no branch, LoRA factors on every projection of the
+              LM at PVM's trainable parameter count (`lora_arm`), the factors alone train;
   hidden      PVM reads the processed hidden states instead of raw visual embeddings;
   dNN         PVM latent width NN (e.g. d32);
   lA.B.C      explicit branch layers A, B, C (e.g. l1.3);
@@ -104,6 +106,8 @@ def apply_args(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
       st.trainable = "lm" if st.trainable == "branch" else st.trainable
     elif part == "mlp":
       br.kind = "mlp"
+    elif part == "lora":
+      lora_arm(c)
     elif part == "hidden":
       br.pvm_source = "hidden"
     elif part in ("peak", "max_decay"):
@@ -117,4 +121,20 @@ def apply_args(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
     else:
       raise ValueError(f"{name}: unknown config arg {part!r} (see experiments/configs/"
                        "vlm_common.apply_args).")
+  return c
+
+
+# The LoRA-SFT arm's factors: rank 16 on all seven projections of the tiny VLM's LM
+# (d 128, 4 layers, 4/2 heads of 32, FFN 384): 16 x 9,216 = 147,456 parameters, 99.7% of
+# the two PVM branches' 147,842 (layers 1 and 3, latent 64, gate included; a test checks
+# both counts). alpha = 2r, the common LoRA choice (scale 2).
+LORA_RANK = 16
+ALL_LINEAR = r"blocks/\d+/(attn/w_(q|kv|o)|mlp/w_(gate|up|down))"
+
+
+def lora_arm(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """LoRA-SFT in place of the branch (the PVM paper's LoRA baseline at this scale)."""
+  c.vlm.branch.kind = "none"
+  c.vlm.stage.trainable = "lora"
+  c.model.lora.update(rank=LORA_RANK, alpha=2.0 * LORA_RANK, dropout=0.0, targets=ALL_LINEAR)
   return c

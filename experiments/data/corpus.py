@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.trainer import durable
+
 log = logging.getLogger("experiments")
 
 SOURCES = ("stdlib", "folder")
@@ -202,10 +204,7 @@ def write_manifest(corpus: Corpus, workdir: str | os.PathLike) -> Path:
   """Writes `corpus_manifest.json` into the run directory (atomically) and returns its path."""
   path = Path(workdir) / MANIFEST
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(corpus.manifest, indent=1) + "\n")
-  os.replace(tmp, path)
-  return path
+  return durable.write_text(path, json.dumps(corpus.manifest, indent=1) + "\n")
 
 
 def _digest(manifest: dict) -> tuple:

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from experiments.trainer import durable
 
 PER_DOC_FILE = "eval_per_doc.json"
 
@@ -284,9 +285,7 @@ def write_per_doc(workdir, step: int, unit: str, names, nats_D, tokens_D,
   dedup = dedup if dedup is not None else getattr(names, "dedup", None)
   if dedup is not None:
     record["dedup"] = dedup.describe()
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(record))
-  os.replace(tmp, path)
+  durable.write_text(path, json.dumps(record))
   return path
 
 

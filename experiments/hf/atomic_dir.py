@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from experiments.hf.safetensors_io import HFCheckpointError
+from experiments.trainer import durable
 
 
 def check_new_directory(path, flag: str, command: str, what: str) -> Path:
@@ -71,8 +72,9 @@ def new_directory(path, flag: str, command: str, what: str):
   directory left by a killed writer (no lock) is removed. The rename itself never
   merges: a `path` that became a non-empty directory meanwhile (a writer that
   raced past the first check) makes this one fail in one line, its own output
-  removed, the other's untouched. Atomic against a killed process, not a power
-  cut (nothing is fsynced).
+  removed, the other's untouched. Durable across a power cut too: every file and
+  folder is fsynced before the rename, and the parent after it
+  (experiments/trainer/durable.py).
   """
   path = check_new_directory(path, flag, command, what)
   # Absolute, links resolved: "." has a name and a parent, and a link to an empty
@@ -98,7 +100,8 @@ def new_directory(path, flag: str, command: str, what: str):
     try:
       yield tmp
       try:
-        os.rename(tmp, final)   # onto nothing or an empty directory; never merges
+        # Onto nothing or an empty directory; never merges.
+        durable.publish(tmp, final, replace=False)
       except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
           raise

@@ -227,7 +227,7 @@ def load_hf(hf_dir, *, config: LMConfig | None = None, mesh=None, rules=None, dt
                     "transformers 5 does.", UserWarning, stacklevel=2)
       config = untied
   abstract = nnx.eval_shape(lambda: DecoderLM(config, rngs=nnx.Rngs(0)))
-  if config.memory_layers or config.ffn_branch_layers:
+  if config.memory_layers or config.ffn_branch_layers or config.lora is not None:
     model = DecoderLM(config, rngs=nnx.Rngs(0))
   else:
     model = abstract

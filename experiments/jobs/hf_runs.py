@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 import jax
+import numpy as np
 from flax import nnx
 
 from experiments.hf.atomic_dir import check_new_directory, new_directory
@@ -45,19 +46,24 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_te
                    "chat_template.json")
 
 
-def export_hf(workdir, out, *, step: int | None = None,
+def export_hf(workdir, out, *, step: int | None = None, adapter: bool = False,
               max_shard_bytes: int = 4 * 2**30) -> dict:
   """Writes the backbone of the run in `workdir` (newest valid step, or `step`) to `out`.
 
   `out` must be new or empty; it appears whole at the end or not at all
-  (`new_directory`). A branch with no Hugging Face form is named in a warning.
-  Returns {"out", "files", "tensors", "step", "left_out" (the warnings' lines)}.
+  (`new_directory`). A branch with no Hugging Face form is named in a warning. A run
+  with LoRA factors is written merged (W + (α/r)·A·B), or with `adapter` as a PEFT
+  adapter alone (experiments/hf/peft_adapter.py). Returns {"out", "files", "tensors",
+  "step", "left_out" (the warnings' lines)}.
   """
   from experiments.hf.export import export_lm
   from experiments.jobs.restore import restore
 
   out = check_new_directory(out, "out", "export-hf", "checkpoint")
   model, experiment = restore(workdir, step)
+  if adapter:
+    return export_adapter(model, workdir, out, experiment.restored_step)
+  model = merged_model(model)
   if type(model).__name__ == "Qwen3VL":   # with its PVM branches in the authors' layout
     from experiments.hf.qwen3vl.export import export_qwen3vl
     source = experiment.get("import_hf") or {}   # a Qwen3-VL-MoE keeps its expert layout
@@ -67,9 +73,11 @@ def export_hf(workdir, out, *, step: int | None = None,
                    max_shard_bytes=max_shard_bytes)
 
 
-def import_hf(hf_dir, workdir, *, dtype=None, param_dtype=None, max_len=None) -> dict:
+def import_hf(hf_dir, workdir, *, adapter=None, dtype=None, param_dtype=None,
+              max_len=None) -> dict:
   """Writes the checkpoint in `hf_dir` (a directory, or a hub id `org/name[@revision]`:
-  experiments/hf/hub.py) as the run directory `workdir` (new or empty).
+  experiments/hf/hub.py) as the run directory `workdir` (new or empty); `adapter`: a
+  PEFT LoRA adapter directory whose factors the run's model carries.
 
   Every check (config, tokenizer, tensors, shapes, files) runs before anything
   is written; the run directory appears whole at the end or not at all.
@@ -84,15 +92,22 @@ def import_hf(hf_dir, workdir, *, dtype=None, param_dtype=None, max_len=None) ->
   hf_dir = resolve_checkpoint(hf_dir)   # a hub id: its snapshot in the Hugging Face cache
   hf = read_config_json(hf_dir)
   if is_qwen3vl(hf):
+    if adapter:
+      raise HFCheckpointError("import-hf --adapter reads adapters of causal-LM checkpoints; "
+                              f"{hf_dir} is a Qwen3-VL one.")
     return import_qwen3vl(hf_dir, workdir, dtype=dtype, param_dtype=param_dtype,
                           max_len=max_len)
   check_tokenizer(hf_dir, hf_lm_config(hf).vocab_size, workdir)   # before the weights load
   model, lm = load_hf(hf_dir, dtype=dtype, param_dtype=param_dtype, max_len=max_len)
+  if adapter:
+    model, lm = with_adapter(hf_dir, adapter, lm)
   experiment = load_config("lm_baseline.py")
   set_backbone(experiment.model, lm, check=False)
   experiment.model.update(max_len=lm.max_len, dtype=lm.dtype.name,
                           param_dtype=lm.param_dtype.name)
   experiment.data.seq_len = min(experiment.data.seq_len, lm.max_len)
+  if lm.lora is not None:
+    experiment.model.lora.update(lm.lora.to_dict())
   saved = saved_config("lm", experiment, lm)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   kept = write_run(hf_dir, workdir, params, saved)
@@ -171,3 +186,57 @@ def write_run(hf_dir, workdir: Path, params: dict, saved: dict,
       shutil.copyfile(Path(hf_dir) / name, tmp / name)
     shutil.copyfile(Path(hf_dir) / "config.json", tmp / HF_CONFIG_COPY)
   return kept
+
+
+def with_adapter(hf_dir, adapter, lm):
+  """(model, config) of the base in `hf_dir` with the PEFT adapter's factors on it."""
+  from experiments.hf.names import lm_table
+  from experiments.hf.peft_adapter import read_adapter
+  lora, factors = read_adapter(adapter, lm_table(lm))
+  model, lm = load_hf(hf_dir, config=lm.replace(lora=lora))
+  for path, (a, b) in factors.items():
+    module = model
+    *parents, name = path.split("/")
+    for part in parents:
+      module = module[int(part)] if part.isdigit() else getattr(module, part)
+    for suffix, value in (("_lora_a", a), ("_lora_b", b)):
+      factor = getattr(module, name + suffix)
+      factor[...] = jax.numpy.asarray(value.reshape(factor.shape), factor.dtype)
+  return model, lm
+
+
+def merged_model(model):
+  """`model` itself, or with LoRA factors the same model without them, each factor pair
+  folded into its weight (experiments/models/lora.py `merged_params`)."""
+  from experiments.models.lora import merged_params
+  lm = model.lm if type(model).__name__ == "Qwen3VL" else model
+  lora = lm.config.lora
+  if lora is None:
+    return model
+  config = (model.config.replace(text=lm.config.replace(lora=None))
+            if lm is not model else lm.config.replace(lora=None))
+  abstract = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
+  graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
+  nnx.replace_by_pure_dict(params, merged_params(
+      nnx.to_pure_dict(nnx.state(model, nnx.Param)), lora.scale))
+  return nnx.merge(graphdef, params, nnx.split(model, nnx.Param, ...)[2])
+
+
+def export_adapter(model, workdir, out, step: int) -> dict:
+  """The run's LoRA factors as a PEFT adapter in `out` (experiments/hf/peft_adapter.py)."""
+  from experiments.hf.peft_adapter import write_adapter
+  from experiments.jobs.init_from import flat_params
+  if type(model).__name__ == "Qwen3VL":
+    from experiments.hf.qwen3vl.names import qwen3vl_table
+    table, lora = qwen3vl_table(model.config), model.config.text.lora
+  else:
+    from experiments.hf.names import lm_table
+    table, lora = lm_table(model.config), model.config.lora
+  if lora is None:
+    raise HFCheckpointError(f"{workdir}: export-hf --adapter: the run has no LoRA factors.")
+  flat = {k: np.asarray(v) for k, v in flat_params(nnx.state(model, nnx.Param)).items()}
+  with new_directory(out, "out", "export-hf", "checkpoint") as tmp:
+    files = write_adapter(tmp, table, flat, lora)
+  return {"out": str(out), "files": files, "tensors": sum(k.endswith(("_lora_a", "_lora_b"))
+                                                          for k in flat), "step": step,
+          "left_out": []}

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models.layers import RMSNorm, mrope_axes, normal, rope, rope_inv_freq
+from experiments.models.layers import RMSNorm, cast, mrope_axes, normal, rope, rope_inv_freq
 from experiments.models.layout import BATCH_AXES
 from kernels.attention.api import causal_attention
 
@@ -135,9 +135,9 @@ class Attention(nnx.Module):
   def qkv(self, x_BxTxD, positions_BxT):
     """Rotated queries [B, T, Hq, Dh] and keys, plus values [B, T, Hkv, Dh]."""
     x_BxTxD = x_BxTxD.astype(self.dtype)
-    q_BxTxHqxDh = jnp.einsum("btd,dhe->bthe", x_BxTxD, self.w_q[...].astype(self.dtype))
+    q_BxTxHqxDh = jnp.einsum("btd,dhe->bthe", x_BxTxD, cast(self.w_q[...], self.dtype))
     kv_BxTx2xHkvxDh = jnp.einsum("btd,dckh->btckh", x_BxTxD,
-                                 self.w_kv[...].astype(self.dtype))
+                                 cast(self.w_kv[...], self.dtype))
     if self.b_q is not None:
       q_BxTxHqxDh = q_BxTxHqxDh + self.b_q[...].astype(self.dtype)
       kv_BxTx2xHkvxDh = kv_BxTx2xHkvxDh + self.b_kv[...].astype(self.dtype)
@@ -157,7 +157,7 @@ class Attention(nnx.Module):
     return q_BxTxHqxDh, k_BxTxHkvxDh, v_BxTxHkvxDh
 
   def project_out(self, o_BxTxHqxDh):
-    return jnp.einsum("bthe,hed->btd", o_BxTxHqxDh, self.w_o[...].astype(self.dtype))
+    return jnp.einsum("bthe,hed->btd", o_BxTxHqxDh, cast(self.w_o[...], self.dtype))
 
   def __call__(self, x_BxTxD, positions_BxT, *, segment_ids=None, valid=None,
                return_kv=False, return_probs=False, mesh=None):

@@ -14,6 +14,7 @@ from typing import Any
 
 from experiments.models import branches
 from experiments.models.layers import rope_inv_freq
+from experiments.models.lora import LoRAConfig, lora_config
 from experiments.models.moe import MoEConfig
 from lngram_jax import dataclass_json
 from lngram_jax.config import READOUTS, SURROGATES
@@ -23,7 +24,7 @@ _OWNER = "LMConfig"
 _LATER_FIELDS = {"qkv_bias": False, "qk_norm": False, "rope_scaling": [],
                  "norm_scale_in_dtype": False, "mrope_section": [],
                  "mrope_interleaved": False, "moe_layers": [], "moe": None,
-                 "attention": "auto"}
+                 "attention": "auto", "lora": None}
 
 
 ATTENTIONS = ("auto", "xla")   # LMConfig.attention
@@ -69,6 +70,9 @@ class LMConfig:
     attention: "auto" (the flash kernel of the platform the step is compiled for,
       splash on TPU and Pallas Triton on GPU, where the shapes fit; the XLA form
       on CPU) or "xla" (always the XLA form, which holds the [T, T] scores).
+    lora: None or a LoRAConfig (experiments/models/lora.py): low-rank factors on the
+      projections it targets, drawn after every other parameter from a key of their
+      own, B = 0 (the model equals the one without LoRA until trained).
   """
 
   d_model: int = 256
@@ -99,6 +103,7 @@ class LMConfig:
   moe_layers: tuple[int, ...] = ()
   moe: Any = None
   attention: str = "auto"
+  lora: Any = None
 
   def __post_init__(self):
     for name in ("dtype", "param_dtype"):
@@ -129,6 +134,8 @@ class LMConfig:
     self._check_rope_scaling()
     self._check_mrope()
     self._check_moe()
+    if self.lora is not None and not isinstance(self.lora, LoRAConfig):
+      raise ValueError(f"LMConfig: lora must be a LoRAConfig, not {type(self.lora).__name__}.")
     for slot, layers_field, config_field in (("memory", "memory_layers", "memory"),
                                              ("ffn", "ffn_branch_layers", "ffn_branch")):
       self._check_slot(slot, layers_field, config_field)
@@ -227,7 +234,8 @@ class LMConfig:
         field: None if getattr(self, field) is None
         else branches.config_to_dict(getattr(self, field))
         for field in ("memory", "ffn_branch")},
-        moe=None if self.moe is None else self.moe.to_dict())
+        moe=None if self.moe is None else self.moe.to_dict(),
+        lora=None if self.lora is None else self.lora.to_dict())
     for field, default in _LATER_FIELDS.items():
       if d[field] == default:
         del d[field]
@@ -245,6 +253,8 @@ class LMConfig:
               for field in ("memory", "ffn_branch") if field in d}
     if d.get("moe") is not None:
       nested["moe"] = MoEConfig.from_dict(d["moe"])
+    if d.get("lora") is not None:
+      nested["lora"] = LoRAConfig.from_dict(d["lora"])
     return dataclass_json.from_json(cls, d, owner="LMConfig.from_dict", **nested)
 
 
@@ -294,6 +304,8 @@ def lm_config(config) -> LMConfig:
       m["moe"] = MoEConfig(**{"d_model": m["d_model"], **moe})
     except TypeError as e:
       raise ValueError(f"model.moe: {e}") from None
+  # model.lora = dict(rank, alpha, dropout, targets); rank 0 (the default) = no LoRA.
+  m["lora"] = lora_config(m.pop("lora", None))
   seq_len = config.get("data", {}).get("seq_len")
   if seq_len is not None and seq_len > m["max_len"]:
     raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={m['max_len']}.")

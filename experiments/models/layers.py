@@ -145,11 +145,18 @@ class SwiGLU(nnx.Module):
     """`mesh`: the device mesh of a sharded forward (None: one device). On it each
     weight is read whole (`whole`), the FSDP pattern."""
     x_BxTxD = x_BxTxD.astype(self.dtype)
-    w_gate, w_up, w_down = (whole(w[...].astype(self.dtype), mesh)
+    w_gate, w_up, w_down = (whole(cast(w[...], self.dtype), mesh)
                             for w in (self.w_gate, self.w_up, self.w_down))
     gate_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, w_gate)
     up_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD, w_up)
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, w_down)
+
+
+def cast(w, dtype):
+  """`w` in `dtype`, the same array when it already is: qwix's LoRA (experiments/models/
+  lora.py) finds a projection's weight by identity, and outside jit a no-op astype under
+  `jax.grad` makes a new tracer."""
+  return w if w.dtype == jnp.dtype(dtype) else w.astype(dtype)
 
 
 def whole(w, mesh):

@@ -63,6 +63,7 @@ from experiments.models.cache import DecodeCache, LayerCache
 from experiments.models.config import LMConfig
 from experiments.models.cross_entropy import chunked_token_nll
 from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segment_positions
+from experiments.models.lora import LORA_STREAM, apply_lora
 from experiments.models.moe import MoEFFN
 from experiments.models.remat import recompute_after_cotangent
 from lngram_jax.layer import LngramV2
@@ -290,6 +291,10 @@ class DecoderLM(nnx.Module):
     # other backbone inits for memory arms, DESIGN.md §6.3.)
     for i in c.memory_layers:
       self.blocks[i].memory = nnx.data(make_branch(c.memory, rngs=rngs))
+    # LoRA factors last, from a key folded off the params stream (its count not
+    # advanced), before any stacking: a scanned span stacks them like its weights.
+    if c.lora is not None:
+      apply_lora(self, c.lora, key=jax.random.fold_in(rngs.params.key[...], LORA_STREAM))
     if scan:  # stacked after every draw: the same weights as scan=False
       self.blocks = nnx.List([self.blocks[a] if b - a == 1 else _stack(self.blocks[a:b])
                               for a, b in self.layer_spans])

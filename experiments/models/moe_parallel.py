@@ -44,7 +44,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from experiments.models.layout import BATCH_AXES, check_expert_axis
-from experiments.models.moe_exchange import exclusive_cumsum, ragged_exchange
+from experiments.models.moe_exchange import (
+    exclusive_cumsum,
+    inverse_permutation,
+    permute_rows,
+    ragged_exchange,
+    zeros_once_counted,
+)
 
 
 def buffer_rows(slots: int, n: int, capacity_factor: float) -> int:
@@ -98,16 +104,6 @@ def _local_body(x_BxTxD, experts_BxTxK, gates_BxTxK, *weights, grouped):
   return y_NxD.reshape(b, t, D), jnp.zeros((), jnp.int32)
 
 
-def _zeros_once_counted(shape, dtype, counts_nxn):
-  """Zeros of `shape`, made only once this layer's counts are known: the minimum of
-  counts and 0 is 0, but no compiler can fold it to a constant. A constant zero buffer
-  per exchange is hoisted and merged instead: XLA:GPU filled all 48 receive buffers of
-  the 24-layer Table 4 MoE (384 MiB each at its worst-case size) in one fusion at the
-  start of the step, 17.6 GiB live at once (BENCHMARKS.md, "What fills the peak")."""
-  zero = jnp.minimum(jnp.min(counts_nxn), 0).astype(dtype)
-  return jnp.broadcast_to(zero, shape)
-
-
 def _exchange_body(x_BxTxD, experts_BxTxK, gates_BxTxK, w_gate_LxDxH, w_up_LxDxH, w_down_LxHxD,
                    *, swiglu, n, capacity_factor, token_axes):
   b, t, D = x_BxTxD.shape
@@ -138,7 +134,7 @@ def _exchange_body(x_BxTxD, experts_BxTxK, gates_BxTxK, w_gate_LxDxH, w_up_LxDxH
   # 3. Out to the experts' devices.
   rows_SxD = x_NxD[token_S]
   buf_RxD = ragged_exchange(
-      rows_SxD, _zeros_once_counted((R, D), x_NxD.dtype, sent_nxn), run_start_nxn[me], kept_nxn[me],
+      rows_SxD, zeros_once_counted((R, D), x_NxD.dtype, sent_nxn), run_start_nxn[me], kept_nxn[me],
       start_nxn[me], kept_nxn[:, me], axis_name="expert")
 
   # 4. Received rows sorted by local expert; rows past what arrived sort last. With one
@@ -154,12 +150,12 @@ def _exchange_body(x_BxTxD, experts_BxTxK, gates_BxTxK, w_gate_LxDxH, w_up_LxDxH
       seg_R = jnp.searchsorted(seg_end, jnp.arange(R), side="right")
       local_R = jnp.where(seg_R < n * L, seg_R % L, L)
       order_R = jnp.argsort(local_R, stable=True)
-      ys_RxD = swiglu(buf_RxD[order_R], arrived_nxL.sum(0), *weights)
-      back_RxD = jnp.zeros_like(ys_RxD).at[order_R].set(ys_RxD)
+      ys_RxD = swiglu(permute_rows(buf_RxD, order_R), arrived_nxL.sum(0), *weights)
+      back_RxD = permute_rows(ys_RxD, inverse_permutation(order_R))
 
   # 5. Back to the slots they came from; gate; sum into tokens.
   returned_SxD = ragged_exchange(
-      back_RxD, _zeros_once_counted((S, D), back_RxD.dtype, sent_nxn), start_nxn[:, me],
+      back_RxD, zeros_once_counted((S, D), back_RxD.dtype, sent_nxn), start_nxn[:, me],
       kept_nxn[:, me],
       run_start_nxn[:, me], kept_nxn[me], axis_name="expert")
   dest_S = jnp.repeat(jnp.arange(n), sent_nxn[me], total_repeat_length=S)

@@ -36,6 +36,7 @@ from experiments.jobs.lm.task import lm_loss
 from experiments.jobs.registry import job_name
 from experiments.models import DecoderLM, layout
 from experiments.models.config import LMConfig, lm_config
+from experiments.models.lora import lora_trainable
 from experiments.trainer import optimizer as optim_lib
 from experiments.trainer import placement as mesh_lib
 from experiments.trainer import step as step_lib
@@ -100,7 +101,9 @@ def abstract_run(config, mesh) -> AbstractRun:
   rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                       rest)
   steps = int(config.train.steps)
-  tx = optim_lib.make_optimizer(config.optim, params, steps)
+  # LoRA: the backbone frozen, as the LM task trains it (only what trains has AdamW state).
+  trainable = lora_trainable if model.lora is not None else None
+  tx = optim_lib.make_optimizer(config.optim, params, steps, trainable=trainable)
   opt = jax.eval_shape(tx.init, params)
   opt_sh = mesh_lib.like_params(opt, param_sh, mesh)
   state = {"params": params, "opt_state": _abstract(opt, opt_sh),
@@ -111,7 +114,7 @@ def abstract_run(config, mesh) -> AbstractRun:
       grad_accum=int(config.train.get("grad_accum", 1)),
       out_shardings=({"params": param_sh, "opt_state": opt_sh, "step": replicated},
                      replicated),
-      frozen=optim_lib.frozen_mask(params, None, config.optim))
+      frozen=optim_lib.frozen_mask(params, trainable, config.optim))
   B, T = int(config.data.batch_size), int(config.data.seq_len)
   batch = {name: jax.ShapeDtypeStruct(
       (B, T), dtype, sharding=mesh_lib.batch_sharding(mesh, 2, tokens=True))

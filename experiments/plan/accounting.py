@@ -9,7 +9,9 @@ PARAMETERS (exact; the plan's test compares them with the abstract model's shape
   2·D, attention D·Hq·Dh + D·2·Hkv·Dh + Hq·Dh·D (+ biases Hq·Dh + 2·Hkv·Dh, + q/k
   norms 2·Dh); a dense FFN 3·D·F; an MoE FFN router D·E + experts 3·E·D·H + shared
   3·D·(n_shared·H_shared) (+ the expert bias E when it is updated); each memory
-  branch its own `param_count` (experiments/models/params.py).
+  branch its own `param_count` (experiments/models/params.py); LoRA factors (model.lora,
+  rank r) per targeted weight r·(in + out): w_q r·(D + Hq·Dh), w_kv r·(D + 2·Hkv·Dh),
+  w_o r·(Hq·Dh + D), each dense-FFN weight r·(D + F).
 
 FLOPs OF ONE TRAINING STEP (a multiply-add is 2 FLOPs; the backward costs twice
 the forward, so a matmul weight used once per token costs 6 FLOPs per token):
@@ -38,6 +40,8 @@ elementwise work (a few per cent at small widths; XLA counts them).
 
 from __future__ import annotations
 
+import re
+
 from experiments.models.config import LMConfig
 from experiments.models.params import branch_param_count
 
@@ -53,8 +57,23 @@ def _shared_width(moe) -> int:
   return n_shared * int(getattr(moe, "shared_ffn_dim", 0) or moe.expert_ffn_dim)
 
 
+def lora_count(model: LMConfig) -> int:
+  """Elements of the LoRA factors of `model` (module docstring); 0 without LoRA."""
+  if model.lora is None:
+    return 0
+  D, F, r = model.d_model, model.ffn_dim, model.lora.rank
+  q, kv = model.n_heads * model.head_dim, 2 * model.n_kv_heads * model.head_dim
+  sizes = {"attn/w_q": D + q, "attn/w_kv": D + kv, "attn/w_o": q + D,
+           "mlp/w_gate": D + F, "mlp/w_up": D + F, "mlp/w_down": F + D}
+  _, moe_layers = _moe(model)
+  pattern = re.compile(model.lora.targets)
+  return sum(r * size for i in range(model.n_layers) for name, size in sizes.items()
+             if (i not in moe_layers or name.startswith("attn/"))
+             and pattern.fullmatch(f"blocks/{i}/{name}"))
+
+
 def param_count(model: LMConfig) -> dict[str, int]:
-  """{"total", "backbone", "memory", "moe_experts"}: parameters of `model` (module
+  """{"total", "backbone", "memory", "lora", "moe_experts"}: parameters of `model` (module
   docstring); raises ValueError for a beside-FFN branch, which has no formula here."""
   if model.ffn_branch_layers:
     raise ValueError("plan: no analytic parameter count for beside-FFN branches "
@@ -80,8 +99,9 @@ def param_count(model: LMConfig) -> dict[str, int]:
   memory = 0
   if model.memory_layers:
     memory = len(model.memory_layers) * branch_param_count(model.memory)["total"]
-  return {"total": backbone + memory, "backbone": backbone, "memory": memory,
-          "moe_experts": experts}
+  lora = lora_count(model)
+  return {"total": backbone + memory + lora, "backbone": backbone, "memory": memory,
+          "lora": lora, "moe_experts": experts}
 
 
 def _memory_macs(mem) -> int:

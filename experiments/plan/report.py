@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 
+from experiments.models.lora import lora_param_count
 from experiments.plan import accelerators, gpu, tpu
 from experiments.plan.abstract import bytes_per_device
 from experiments.plan.collectives import OPS, collective_bytes
@@ -123,6 +124,7 @@ def plan_run(config, block: dict, *, accelerator: str = "h100", mfu: float = 0.4
       "accelerator": chip, "mfu": mfu, "target": target,
       "compiler": compiler,
       "params": {"count": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+                 "lora": lora_param_count(params),
                  "formula": counts, "bytes": bytes_per_device(params),
                  "experts": routed_expert_bytes(params)},
       "optimizer_bytes": bytes_per_device(run.state["opt_state"]),
@@ -278,6 +280,18 @@ def _gib(n: float) -> str:
   return f"{n / 2**30:.1f} GiB"
 
 
+def _lora_lines(r: dict) -> list[str]:
+  """The LoRA factors' count (shapes and formula) when the run trains LoRA."""
+  lora = r["params"]["lora"]
+  if not lora:
+    return []
+  formula = r["params"]["formula"].get("lora")
+  return [f"  LoRA factors    {lora:>15,} [shapes]"
+          + ("" if formula is None else f" = {formula:,} [formula]")
+          + "; they train (with any inserted branch), the frozen backbone has no optimizer "
+          "state"]
+
+
 def format_plan(r: dict, name: str = "") -> str:
   """The plan as text: one line per number, per device, with its source tag."""
   chip, proj, xla, n = r["accelerator"], r["projection"], r["xla"], r["devices"]
@@ -295,7 +309,9 @@ def format_plan(r: dict, name: str = "") -> str:
       f"parameters        {r['params']['count']:>15,} in all [shapes] = "
       f"{counts['total']:,} [formula]; {_b(r['params']['bytes'])} per device [shapes]",
       *_expert_lines(r),
-      f"optimizer state   {_b(r['optimizer_bytes'])} (AdamW moments) [shapes]",
+      *_lora_lines(r),
+      f"optimizer state   {_b(r['optimizer_bytes'])} (AdamW moments"
+      f"{' of the trained parameters alone' if r['params']['lora'] else ''}) [shapes]",
       f"activations       {_b(r['activations_estimate'])} at this batch [estimate]; "
       f"{_b(xla['temp'])} of step temporaries (activations, gradients, workspace) {tag}",
       f"remat             {r['remat']}",

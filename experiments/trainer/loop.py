@@ -201,6 +201,7 @@ def _train(task: Task, tc, run: Run, mesh, *, callback) -> dict:
                               every=tc.log_every, enabled=tc.progress and primary)
 
   def save(step):
+    writer.sync()   # the metrics up to this step outlive a power cut, as the checkpoint will
     ckpt.save(step, params=ts.state["params"], opt_state=ts.state["opt_state"],
               data_state=task.batches.get_state(), config=task.saved_config)
     lock.touch()

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.trainer import durable
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss_curve.png"
 WANDB_ID_FILE = "wandb_run_id"   # the run's W&B id: a resumed run logs into the same W&B run
@@ -38,7 +40,7 @@ class MetricsWriter:
     self.workdir.mkdir(parents=True, exist_ok=True)
     # A resumed run forgets what its predecessor logged after the checkpoint.
     keep = [r for r in read_metrics(self.workdir) if r["step"] <= resume_step]
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    durable.write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep))
     self._file = open(self.path, "a")  # noqa: SIM115 — closed in close()
     self._tb = _tensorboard_writer(self.workdir / "tensorboard")
     self._wandb = wandb
@@ -53,8 +55,15 @@ class MetricsWriter:
     if self._wandb is not None:
       self._wandb.write(step, scalars)
 
+  def sync(self) -> None:
+    """Flushes the lines written so far to the disk (with each checkpoint: a power cut
+    then loses no line of a step that a resume starts after)."""
+    self._file.flush()
+    os.fsync(self._file.fileno())
+
   def close(self, *, failed: bool = False) -> None:
     """Closes the files; `failed`: training ended by an error (the W&B run is marked so)."""
+    self.sync()
     self._file.close()
     if self._tb is not None:
       self._tb.close()
@@ -67,6 +76,9 @@ class NullWriter:
 
   def write(self, step: int, scalars: dict) -> None:
     del step, scalars
+
+  def sync(self) -> None:
+    pass
 
   def close(self, *, failed: bool = False) -> None:
     del failed
@@ -91,6 +103,21 @@ def wandb_tags(value) -> list[str]:
   return [str(t).strip() for t in value or () if str(t).strip()]
 
 
+# Characters W&B refuses in a project name (wandb.init raises a UsageError naming them).
+_WANDB_PROJECT_BAD = ("/", "\\", "#", "?", "%", ":")
+
+
+def _wandb_hint(e, wandb) -> str:
+  """What to do about wandb.init's error `e`, by its cause: a usage error (a bad name or
+  setting) is fixed in the config; only a failed login or connection needs `wandb
+  login` or offline mode, and not when the run is offline already."""
+  if isinstance(e, wandb.errors.UsageError):
+    return "fix the train.wandb_* field it names"
+  if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+    return f"WANDB_MODE={os.environ['WANDB_MODE']} is set; check WANDB_DIR and the W&B setup"
+  return "log in with `wandb login`, or set WANDB_MODE=offline (then `wandb sync`)"
+
+
 def check_wandb(train_config) -> None:
   """Refuses the `train.wandb_*` fields before a run starts, in one line: a project
   without the wandb package, a field of the wrong type. Empty project: W&B is off."""
@@ -101,6 +128,12 @@ def check_wandb(train_config) -> None:
     value = train_config.get(field) or ""
     if not isinstance(value, str):
       raise ValueError(f"train.{field}={value!r} must be a string.")
+  bad = [c for c in _WANDB_PROJECT_BAD if c in project]
+  if bad:
+    entity = (" (to name the entity, set train.wandb_entity)" if "/" in bad else "")
+    raise ValueError(f"train.wandb_project={project!r}: a W&B project name cannot hold "
+                     f"{' '.join(map(repr, bad))}{entity}; choose a name without "
+                     f"{' '.join(_WANDB_PROJECT_BAD)}.")
   tags = train_config.get("wandb_tags") or ""
   if not isinstance(tags, (str, list, tuple)):
     raise ValueError(f"train.wandb_tags={tags!r} must be comma-separated names (a string) "
@@ -172,10 +205,9 @@ class WandbRun:
       self.run = wandb.init(**kwargs)
     except wandb.errors.Error as e:
       raise ValueError(f"train.wandb_project={kwargs['project']!r}: W&B could not start the "
-                       f"run ({' '.join(str(e).split())}); log in with `wandb login`, or "
-                       "set WANDB_MODE=offline (then `wandb sync`).") from e
+                       f"run ({' '.join(str(e).split())}); {_wandb_hint(e, wandb)}.") from e
     if not resumed:
-      id_file.write_text(run_id + "\n")
+      durable.write_text(id_file, run_id + "\n")
     if config:
       self.run.config.update(flat_config(config), allow_val_change=True)
     log.info("W&B run %s (%s) in project %s%s", run_id, "resumed" if resumed else "new",
@@ -194,10 +226,24 @@ class WandbRun:
 
 
 def read_metrics(workdir) -> list[dict]:
+  """The rows of `metrics.jsonl`. A last line cut short (a power cut between two
+  checkpoints: the lines after the last one are re-logged by the resume) is left out;
+  a bad line before the last is one error line naming the file and line."""
   path = Path(workdir) / METRICS_FILE
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  lines = [(i, line) for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+           if line.strip()]
+  rows = []
+  for k, (i, line) in enumerate(lines):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      if k == len(lines) - 1:
+        break
+      raise ValueError(f"{path}, line {i}: not a JSON object ({line[:60]!r}); remove the "
+                       "line to read the rest.") from None
+  return rows
 
 
 # The units an LM run's bits are logged in (`<split>/bits_per_<unit>`), the new name first:

@@ -33,6 +33,7 @@ from lngram_jax.sharding.mesh import (
 from lngram_jax.sharding.readout import (
     merge_partial_attention,
     partial_sink_attention,
+    partial_sink_attention_reference,
     route_parallel_readout,
     sharded_readout,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "merge_partial_attention",
     "ngram_lookup_shard",
     "partial_sink_attention",
+    "partial_sink_attention_reference",
     "route_parallel_readout",
     "shard_layer",
     "sharded_layer_apply",

@@ -31,6 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kernels.out_shapes import vary_like
 from lngram_jax.readout import absorb_query, project_values
 from lngram_jax.sharding.mesh import ShardingConfig, route_spec, token_spec
 
@@ -39,8 +40,9 @@ def _stat_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
-  """The online-softmax state of one shard's routes, without the sink.
+def partial_sink_attention_reference(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
+  """The online-softmax state of one shard's routes, without the sink, differentiated
+  by jax: the twin of `partial_sink_attention`.
 
   Returns m_BxTxHq (no gradient), l_BxTxHq and u_BxTxHqxDr, all float32 or wider.
   """
@@ -53,6 +55,59 @@ def partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
   u_BxTxHqxDr = jnp.einsum("bthr,btrd->bthd", e_BxTxHqxR.astype(mem_BxTxRxDr.dtype),
                           mem_BxTxRxDr, preferred_element_type=acc)
   return m_BxTxHq, l_BxTxHq, u_BxTxHqxDr
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _partial_state(q_BxTxHqxDr, mem_BxTxRxDr, scale):
+  return partial_sink_attention_reference(q_BxTxHqxDr, mem_BxTxRxDr, scale=scale)
+
+
+def _partial_state_fwd(q_BxTxHqxDr, mem_BxTxRxDr, scale):
+  state = partial_sink_attention_reference(q_BxTxHqxDr, mem_BxTxRxDr, scale=scale)
+  return state, (q_BxTxHqxDr, mem_BxTxRxDr, state[0])
+
+
+def _partial_state_bwd(scale, res, cts):
+  """The gradient of the reference, with the route tokens' gradient made by ONE matmul
+  in their own dtype: dx̂_r = Σ_h [scale·ds_hr, e_hr]·[q̃_h; du_h]. jax's autodiff of the
+  reference writes the two terms as two float32 [B, T, R, Dr] products and their sum:
+  3 × 8 GiB a device for Keye30B's route tokens (32,768 tokens × 128 routes × 512) where
+  the tokens themselves are 4 GiB in bfloat16. The scores are recomputed from q̃ and x̂
+  (an [B, T, Hq, R] matmul, R·Dr/Dr times smaller than x̂)."""
+  q_BxTxHqxDr, mem_BxTxRxDr, m_BxTxHq = res
+  _, dl_BxTxHq, du_BxTxHqxDr = cts   # m carries no gradient (a stabiliser)
+  acc = _stat_dtype(q_BxTxHqxDr.dtype)
+  s_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", q_BxTxHqxDr, mem_BxTxRxDr,
+                          preferred_element_type=acc) * scale
+  e_BxTxHqxR = jnp.exp(s_BxTxHqxR - m_BxTxHq[..., None])
+  # u = Σ_r cast(e_r) x̂_r: de_r = du·x̂_r (through the cast), dl adds 1 per route.
+  de_BxTxHqxR = jnp.einsum("bthd,btrd->bthr", du_BxTxHqxDr.astype(mem_BxTxRxDr.dtype),
+                           mem_BxTxRxDr, preferred_element_type=acc) + dl_BxTxHq[..., None]
+  ds_BxTxHqxR = de_BxTxHqxR * e_BxTxHqxR * scale
+  dq_BxTxHqxDr = jnp.einsum("bthr,btrd->bthd", ds_BxTxHqxR.astype(mem_BxTxRxDr.dtype),
+                            mem_BxTxRxDr, preferred_element_type=acc)
+  dt = mem_BxTxRxDr.dtype
+  left_BxTxHqxRx2 = jnp.stack([ds_BxTxHqxR, e_BxTxHqxR], axis=-1).astype(dt)
+  right_BxTxHqx2xDr = jnp.stack([q_BxTxHqxDr.astype(dt), du_BxTxHqxDr.astype(dt)], axis=-2)
+  dmem_BxTxRxDr = jnp.einsum("bthrc,bthcd->btrd", left_BxTxHqxRx2, right_BxTxHqx2xDr)
+  return dq_BxTxHqxDr.astype(q_BxTxHqxDr.dtype), dmem_BxTxRxDr
+
+
+_partial_state.defvjp(_partial_state_fwd, _partial_state_bwd)
+
+
+def partial_sink_attention(q_BxTxHqxDr, mem_BxTxRxDr, *, scale):
+  """`partial_sink_attention_reference` with its own backward (`_partial_state_bwd`):
+  the same values; the same gradients, the route tokens' in their own dtype.
+
+  Returns m_BxTxHq (no gradient), l_BxTxHq and u_BxTxHqxDr, all float32 or wider.
+  """
+  # Both inputs vary over every axis either does (a shard's routes over `table`, its
+  # tokens over data and seq): the backward's gradients then have their inputs' types,
+  # and the casts' transposes sum q̃'s gradient over the route shards.
+  q_BxTxHqxDr = vary_like(q_BxTxHqxDr, mem_BxTxRxDr)
+  mem_BxTxRxDr = vary_like(mem_BxTxRxDr, q_BxTxHqxDr)
+  return _partial_state(q_BxTxHqxDr, mem_BxTxRxDr, scale)
 
 
 def merge_partial_attention(m_BxTxHq, l_BxTxHq, u_BxTxHqxDr, *, sink_logit,

@@ -5,6 +5,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from sharding_cases import (
   assert_close,
   assert_nonzero,
@@ -20,6 +21,7 @@ from lngram_jax.sharding import (
   ShardingConfig,
   merge_partial_attention,
   partial_sink_attention,
+  partial_sink_attention_reference,
   shard_layer,
   sharded_readout,
 )
@@ -88,6 +90,35 @@ def test_partial_state_is_invariant_to_its_stabiliser():
   np.testing.assert_allclose(u / total[..., None],
                              jnp.einsum("bthr,btrd->bthd", jax.nn.softmax(s), mem),
                              rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float64, 1e-12), (jnp.float32, 2e-5),
+                                       (jnp.bfloat16, 3e-2)])
+def test_partial_state_backward_equals_autodiff_of_its_reference(dtype, tol):
+  """The partial state's own backward (route tokens' gradient in one matmul of their
+  dtype) against jax's gradient of `partial_sink_attention_reference`: float64 and
+  float32 to round-off, bfloat16 within its precision; dtypes kept."""
+  rng = np.random.default_rng(4)
+  with jax.enable_x64(dtype == jnp.float64):
+    q_abs = jnp.asarray(2 * rng.standard_normal((B, T, HQ, D)), dtype)
+    mem = jnp.asarray(rng.standard_normal((B, T, R, D)), dtype)
+    cot_l = jnp.asarray(rng.standard_normal((B, T, HQ)), jnp.promote_types(dtype, jnp.float32))
+    cot_u = jnp.asarray(rng.standard_normal((B, T, HQ, D)), cot_l.dtype)
+
+    def loss(form):
+      def f(q, x):
+        m, total, u = form(q, x, scale=0.5)
+        return jnp.sum(total * cot_l) + jnp.sum(u * cot_u) + jnp.sum(m)
+      return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(q_abs, mem)
+
+    got_v, got_g = loss(partial_sink_attention)
+    want_v, want_g = loss(partial_sink_attention_reference)
+    for g, w, x in zip(got_g, want_g, (q_abs, mem), strict=True):
+      assert g.dtype == x.dtype
+      scale = float(jnp.max(jnp.abs(w.astype(jnp.float32)))) + 1e-30
+      np.testing.assert_allclose(np.asarray(g, np.float64) / scale,
+                                 np.asarray(w, np.float64) / scale, atol=tol, rtol=0)
+    np.testing.assert_allclose(got_v, want_v, rtol=1e-12)
 
 
 def test_route_parallel_layer_equals_unsharded():

@@ -28,7 +28,8 @@ FLAGS = [
     ("string", "input", None, None, "prepare-data, train-tokenizer: comma-separated files, "
      "folders or globs of .parquet, .jsonl or text files."),
     ("string", "tokenizer", None, None, "prepare-data: a tokenizer.json, a directory holding "
-     "one, or 'bytes'."),
+     "one, a Hugging Face hub id (org/name[@revision]: its tokenizer, fetched once into the "
+     "hub's cache), or 'bytes'."),
     ("string", "out", None, None, "prepare-data: the data directory; train-tokenizer: a "
      "directory (or .json file) for tokenizer.json."),
     ("string", "text_field", "text", None, "prepare-data: the text column or JSON field."),

@@ -75,21 +75,25 @@ def lm_eval_command(workdir, tasks: list[str], *, include_path: str | None = Non
     lm_eval = require_lm_eval()
   except ModuleNotFoundError as e:
     raise ValueError(str(e)) from None
-  task_manager, task_names = resolve_tasks(task_list, include_path)   # before the restore
+  # Everything that can be refused is, before the checkpoint is restored: the tasks
+  # (names, then each built from its data) and the folder the results go to.
+  task_manager, task_names = resolve_tasks(task_list, include_path)
+  task_objects = build_tasks(task_manager, task_names)
+  check_results_writable(path)
   lm, step = restore_lm(workdir, step, batch_size=batch_size, seed=seed)
   print(f"checkpoint step {step} of {workdir}", file=sys.stderr)
   results = lm_eval.simple_evaluate(
-      model=lm, tasks=task_names, num_fewshot=num_fewshot, limit=limit,
+      model=lm, tasks=task_objects, num_fewshot=num_fewshot, limit=limit,
       batch_size=batch_size, task_manager=task_manager, log_samples=False,
       random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
       fewshot_random_seed=seed)
   settings = {"limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size,
               "seed": seed, "include_path": None if include_path is None else str(include_path)}
-  out = write_results(path, step, results, settings)
   from lm_eval.utils import make_table
-  print(make_table(results))
+  print(make_table(results), flush=True)   # first: a failed write below loses no numbers
   if results.get("groups"):
-    print(make_table(results, "groups"))
+    print(make_table(results, "groups"), flush=True)
+  out = write_results(path, step, results, settings)
   print(f"results: {out}", file=sys.stderr)
   return 0
 
@@ -144,6 +148,46 @@ def resolve_tasks(tasks: list[str], include_path=None):
                      "(`lm-eval ls tasks` lists lm-eval's; local task YAML files need "
                      "--include_path=DIR).")
   return manager, specs
+
+
+def build_tasks(manager, specs: list[str]) -> list:
+  """Each task spec built by lm-eval (its dataset read, its first document checked), in
+  `specs`' order: a built task where the spec is plain tasks, else the spec itself (a
+  group is built again by `simple_evaluate`, which keeps its aggregation). An exception
+  from lm-eval's task code is a one-line ValueError naming the task."""
+  from lm_eval.api.task import Task
+  out = []
+  for spec in specs:
+    try:
+      if hasattr(manager, "load"):   # lm-eval >= 0.4.10: flat dicts of tasks and groups
+        loaded = manager.load([spec])
+        built = {} if loaded["groups"] else loaded["tasks"]
+      else:
+        from lm_eval.tasks import get_task_dict
+        built = get_task_dict([spec], manager)
+    except Exception as e:   # lm-eval's own code on the task's YAML and data
+      text = " ".join(str(e).split()) or "(no message)"
+      raise ValueError(f"lm-eval task {spec!r} failed while lm-eval built it: "
+                       f"{type(e).__name__}: {text[:300]} (check the task's YAML and its "
+                       "documents: an empty answer choice, a missing field).") from None
+    plain = bool(built) and all(isinstance(v, Task) and isinstance(k, str)
+                                for k, v in built.items())
+    out += list(built.values()) if plain else [spec]
+  return out
+
+
+def check_results_writable(workdir: Path) -> None:
+  """Refuses, before any work, a run whose `lm_eval` folder cannot be written: the
+  folder is made and a file written and removed in it."""
+  folder = Path(workdir) / RESULTS_DIR
+  probe = folder / f".probe.{os.getpid()}"
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as e:
+    raise ValueError(f"{folder}: cannot write the results there ({e.strerror or e}); make "
+                     "the run directory writable, or evaluate a copy of the run.") from None
 
 
 def restore_lm(workdir, step: int | None = None, **adapter):
@@ -210,7 +254,6 @@ def write_results(workdir, step: int, results: dict, settings: dict) -> Path:
   runs = (merged.get("lngram") or {}).get("runs", {})
   runs |= {task: run for task in fresh.get("results", {})}
   merged["lngram"] = {"workdir": str(workdir), "step": step, "runs": runs}
-  tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-  tmp.write_text(json.dumps(merged, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
-  os.replace(tmp, out)
-  return out
+  from experiments.trainer import durable
+  return durable.write_text(out, json.dumps(merged, indent=2, sort_keys=False,
+                                            ensure_ascii=False) + "\n")

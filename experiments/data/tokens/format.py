@@ -22,12 +22,16 @@ with `np.memmap`: host memory does not grow with the corpus.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
+
+from experiments.trainer import durable
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -74,13 +78,15 @@ def tmp_path(path: Path) -> Path:
 
 
 def write_json_atomic(path: Path, value) -> None:
-  """Writes JSON under a temporary name, then renames: a reader sees all or nothing."""
+  """Writes JSON under a temporary name, then renames: a reader sees all or nothing,
+  after a kill or a power cut (the folder is fsynced after the rename)."""
   tmp = tmp_path(path)
   with open(tmp, "w") as f:
     f.write(json.dumps(value, indent=1, sort_keys=True) + "\n")
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+  durable.sync_dir(Path(path).parent)
 
 
 def read_done(out: Path, index: int) -> dict | None:
@@ -149,4 +155,22 @@ def open_shard(root: Path, shard: dict, *, verify: bool = True) -> dict:
   if arrays["offsets"].size != shard["docs"] + 1 or arrays["val"].size != shard["docs"]:
     raise TokenDataError(f"shard {shard_name(index)}: its arrays hold a different document "
                          f"count than its manifest ({shard['docs']}).")
+  if "tokens" in shard and arrays["tokens"].size != shard["tokens"]:   # unverified: the size
+    raise TokenDataError(f"shard {shard_name(index)}: {PARTS[0]} holds "
+                         f"{arrays['tokens'].size} tokens, not its manifest's {shard['tokens']} "
+                         "(a write cut short?); prepare the data again.")
   return arrays
+
+
+@contextlib.contextmanager
+def naming_full_disk(path, out):
+  """A full disk (or quota) while writing `path` into the data directory --out=`out`:
+  one line naming both, instead of a bare "[Errno 28]" naming no file."""
+  try:
+    yield
+  except OSError as e:
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+      raise
+    raise TokenDataError(f"{path}: {os.strerror(e.errno).lower()} (prepare-data --out={out}); "
+                         "free space there or pass an --out on a disk with room (a rerun "
+                         "keeps the shards already done).") from None

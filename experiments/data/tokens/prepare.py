@@ -35,7 +35,6 @@ import logging
 import multiprocessing
 import os
 import re
-import shutil
 import signal
 import sys
 import threading
@@ -62,6 +61,7 @@ from experiments.data.tokens.tokenizer import (
     canonical_sha256,
     describe,
 )
+from experiments.trainer import durable
 
 log = logging.getLogger("experiments")
 
@@ -190,11 +190,26 @@ def make_shard(out: str, index: int, source: str, info: TokenizerInfo,
   fmt.done_path(out, index).unlink(missing_ok=True)
   paths = {p: fmt.part_path(out, index, p) for p in fmt.PARTS}
   tmp = {p: fmt.tmp_path(path) for p, path in paths.items()}
+  try:
+    record = _write_shard(out, index, source, info, settings, tmp, paths, bad, encoder,
+                          source_sha256, stat, dtype)
+  except BaseException:
+    for path in tmp.values():   # this writer's own; a killed one's go at the next run
+      path.unlink(missing_ok=True)
+    raise
+  return record | {"kept": False}
+
+
+def _write_shard(out: Path, index: int, source: str, info: TokenizerInfo, settings: dict,
+                 tmp: dict, paths: dict, bad, encoder, source_sha256: str, stat,
+                 dtype) -> dict:
+  """make_shard's writes: the parts under temporary names, fsynced, renamed, the folder
+  fsynced, then the done-record."""
   offsets, val = [0], []
   forced = encoder.forced_cuts
   tokens_hash = hashlib.sha256()
   val_tokens = 0
-  with open(tmp["tokens"], "wb") as f:
+  with fmt.naming_full_disk(paths["tokens"], out), open(tmp["tokens"], "wb") as f:
     for chunk in _chunks(documents(source, settings["text_field"], bad), _CHUNK_DOCS):
       for data, ids in zip(chunk, encoder.encode(chunk), strict=True):
         if ids.size and int(ids.max()) >= info.vocab_size:
@@ -213,12 +228,13 @@ def make_shard(out: str, index: int, source: str, info: TokenizerInfo,
   arrays = {"offsets": np.asarray(offsets, fmt.OFFSET_DTYPE),
             "val": np.asarray(val, fmt.VAL_DTYPE)}
   for part, array in arrays.items():
-    with open(tmp[part], "wb") as f:
+    with fmt.naming_full_disk(paths[part], out), open(tmp[part], "wb") as f:
       f.write(array.tobytes())
       f.flush()
       os.fsync(f.fileno())
   for part in fmt.PARTS:
     os.replace(tmp[part], paths[part])
+  durable.sync_dir(paths["tokens"].parent)   # the renames, before the done-record
   if encoder.forced_cuts > forced:   # a worker's warning goes to stderr as it is
     log.warning("prepare-data: %s: cut %d time(s) inside a word, in stretches of over %d "
                 "characters without whitespace (to bound memory); the ids at those cuts may "
@@ -234,8 +250,9 @@ def make_shard(out: str, index: int, source: str, info: TokenizerInfo,
       "val_sha256": hashlib.sha256(arrays["val"].tobytes()).hexdigest(),
   }
   # Renamed last: only now does the shard count as done.
-  fmt.write_json_atomic(fmt.done_path(out, index), record)
-  return record | {"kept": False}
+  with fmt.naming_full_disk(fmt.done_path(out, index), out):
+    fmt.write_json_atomic(fmt.done_path(out, index), record)
+  return record
 
 
 class _Progress:
@@ -300,13 +317,13 @@ def prepare(inputs: str, tokenizer: str, out: str, *, text_field: str = "text",
     if manifest["skipped_bad_utf8"]:
       log.warning("prepare-data: skipped %d document(s) that are not UTF-8 text.",
                   manifest["skipped_bad_utf8"])
-    if info.path:   # the data directory carries its tokenizer (runs copy it from here)
-      tmp = fmt.tmp_path(root / TOKENIZER_FILE)
-      shutil.copyfile(info.path, tmp)
-      os.replace(tmp, root / TOKENIZER_FILE)
-    else:   # "bytes": a tokenizer.json of an earlier run here would be read as this data's
-      (root / TOKENIZER_FILE).unlink(missing_ok=True)
-    fmt.write_json_atomic(root / fmt.MANIFEST, manifest)
+    with fmt.naming_full_disk(root / TOKENIZER_FILE, out):
+      if info.path:   # the data directory carries its tokenizer (runs copy it from here)
+        durable.copy_file(info.path, root / TOKENIZER_FILE)
+      else:   # "bytes": a tokenizer.json of an earlier run here would be read as this data's
+        (root / TOKENIZER_FILE).unlink(missing_ok=True)
+    with fmt.naming_full_disk(root / fmt.MANIFEST, out):
+      fmt.write_json_atomic(root / fmt.MANIFEST, manifest)
   return manifest
 
 

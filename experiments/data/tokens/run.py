@@ -14,10 +14,8 @@ tokenizer, and data whose shards changed unless `data.allow_corpus_change`
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +25,12 @@ from experiments.data.corpus import saved_steps
 from experiments.data.tokens.format import (
     TokenDataError,
     check_tokenizer,
-    tmp_path,
     write_json_atomic,
 )
 from experiments.data.tokens.rows import TokenBatches, TokenCorpus, token_eval_batches
 from experiments.data.tokens.tokenizer import FILE as TOKENIZER_FILE
 from experiments.data.tokens.tokenizer import Codec, describe
+from experiments.trainer import durable
 
 log = logging.getLogger("experiments")
 
@@ -159,7 +157,7 @@ def check_run(corpus: TokenCorpus, workdir, *, allow_change: bool = False) -> No
   steps = saved_steps(workdir)
   if not steps or not path.is_file():
     return
-  old = json.loads(path.read_text())
+  old = durable.read_json(path, "token-data record")
   check_tokenizer(corpus.manifest, old["tokenizer"]["sha256"], old["tokenizer"]["vocab_size"],
                   what=f"this run's (checkpoints up to step {steps[-1]})")
   if old["shards_sha256"] != corpus.digest and not allow_change:
@@ -173,16 +171,21 @@ def check_run(corpus: TokenCorpus, workdir, *, allow_change: bool = False) -> No
 def check_init_from(corpus: TokenCorpus, source: str) -> None:
   """Refuses to start from a run (or `hf:DIR` checkpoint) whose embeddings belong to
   another tokenizer's ids: its token-data record, else its tokenizer.json, else it is
-  a byte-level run (the "bytes" tokenizer)."""
-  source = Path(str(source).removeprefix("hf:"))
+  a byte-level run (the "bytes" tokenizer). `hf:org/name` is the hub snapshot the
+  run starts from (experiments/hf/hub.py), never a relative path that is not there."""
+  what = "the init_from run's"
+  if str(source).startswith("hf:"):
+    from experiments.hf.hub import resolve_checkpoint
+    what = f"the init_from checkpoint {source}'s"
+    source = resolve_checkpoint(str(source).removeprefix("hf:"))
+  source = Path(source)
   if (source / RECORD).is_file():
-    tok = json.loads((source / RECORD).read_text())["tokenizer"]
+    tok = durable.read_json(source / RECORD, "token-data record")["tokenizer"]
   elif (source / TOKENIZER_FILE).is_file():
     tok = describe(str(source)).to_json()
   else:
     tok = {"sha256": "bytes", "vocab_size": 256}
-  check_tokenizer(corpus.manifest, tok["sha256"], tok["vocab_size"],
-                  what="the init_from run's")
+  check_tokenizer(corpus.manifest, tok["sha256"], tok["vocab_size"], what=what)
 
 
 def record_run(corpus: TokenCorpus, workdir) -> None:
@@ -191,7 +194,7 @@ def record_run(corpus: TokenCorpus, workdir) -> None:
   workdir.mkdir(parents=True, exist_ok=True)
   path = workdir / RECORD
   if path.is_file():
-    old = json.loads(path.read_text())
+    old = durable.read_json(path, "token-data record")
     if old["shards_sha256"] != corpus.digest and saved_steps(workdir):
       kept = path.with_name(f"token_data.{saved_steps(workdir)[-1]}.json")
       os.replace(path, kept)
@@ -200,9 +203,7 @@ def record_run(corpus: TokenCorpus, workdir) -> None:
   write_json_atomic(path, _record(corpus))
   source = corpus.root / TOKENIZER_FILE
   if source.is_file():
-    tmp = tmp_path(workdir / TOKENIZER_FILE)
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, workdir / TOKENIZER_FILE)
+    durable.copy_file(source, workdir / TOKENIZER_FILE)
 
 
 def eval_data(config, workdir, max_batches: int | None = None) -> list:
@@ -212,7 +213,7 @@ def eval_data(config, workdir, max_batches: int | None = None) -> list:
   corpus = TokenCorpus(dc.path)
   path = Path(workdir) / RECORD
   if path.is_file():
-    run = json.loads(path.read_text())["tokenizer"]
+    run = durable.read_json(path, "token-data record")["tokenizer"]
     check_tokenizer(corpus.manifest, run["sha256"], run["vocab_size"], what="this run's")
   return val_batches(corpus, dc, max_batches)[0]
 
@@ -234,7 +235,7 @@ def run_codec(workdir):
   if (Path(workdir) / TOKENIZER_FILE).is_file():
     return Codec(str(workdir))
   record = Path(workdir) / RECORD
-  if record.is_file() and json.loads(record.read_text())["tokenizer"]["kind"] == "bytes":
+  if record.is_file() and durable.read_json(record, "token-data record")["tokenizer"]["kind"] == "bytes":
     return _ByteIds()
   raise TokenDataError(f"{workdir} was trained on token data but holds no {TOKENIZER_FILE} "
                        f"(nor {RECORD}); copy the data's tokenizer.json there to sample.")

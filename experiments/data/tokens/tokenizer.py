@@ -34,7 +34,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.data.tokens.format import TokenDataError, tmp_path
+from experiments.trainer import durable
 
 log = logging.getLogger("experiments")
 
@@ -297,7 +297,7 @@ def train_tokenizer(texts: Iterable[str], out: str, *, vocab_size: int = 4096) -
           f"--out={out!r}: {path} already holds another tokenizer, and train-tokenizer never "
           "replaces one (a checkpoint's, or the one data was prepared with); pass a new "
           "--out, or move that file away first.")
-    os.replace(tmp, path)
+    durable.publish(tmp, path)
   finally:
     tmp.unlink(missing_ok=True)
   trained = tok.get_vocab_size(with_added_tokens=True)

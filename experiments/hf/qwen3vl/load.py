@@ -179,7 +179,8 @@ def load_qwen3vl(hf_dir, *, config: Qwen3VLConfig | None = None, dtype=None, par
   ckpt = Checkpoint(hf_dir)
   targets = _targets(config, ckpt)
   build = lambda: Qwen3VL(config, rngs=nnx.Rngs(0))  # noqa: E731
-  branched = config.text.ffn_branch_layers or config.text.memory_layers
+  # Branches and LoRA factors keep their init (no tensor): the model is built concrete.
+  branched = config.text.ffn_branch_layers or config.text.memory_layers or config.text.lora
   model = build() if branched else nnx.eval_shape(build)
   copy_params(model, targets, ckpt, hf_dir)
   return model, config

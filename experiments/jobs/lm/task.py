@@ -35,6 +35,7 @@ from experiments.models import DecoderLM, layout, moe
 from experiments.models.branches import BranchContext
 from experiments.models.config import lm_config
 from experiments.models.layout import check_expert_axis
+from experiments.models.lora import lora_trainable
 from experiments.trainer import Task
 from experiments.trainer.placement import process_rows, put_batch
 from experiments.trainer.step import RULE_UPDATES, WEIGHT
@@ -251,4 +252,6 @@ def lm_task(config, workdir, mesh=None, *, model_config=None) -> Task:
       tokens_per_step=dc.batch_size * dc.seq_len, check_mesh=check_mesh,
       check_resume=resume_check(config, saved),
       placement=layout.placement_rules(model), seq_batches=True, batch_rows=rows,
+      # LoRA: the backbone frozen, its factors and any inserted branch trained.
+      trainable=lora_trainable if model_cfg.lora is not None else None,
       description=about + inserted)

@@ -16,10 +16,17 @@ def check(config) -> Checked:
   """The numbers and the qwen3vl block (`hf_dir` a directory or a hub id); the model
   config comes from the checkpoint when the task is built (the processor is read first)."""
   from experiments.jobs.checks import check_experiment_config
-  from experiments.jobs.qwen3vl.task import check_qwen3vl_config, with_local_checkpoint
+  from experiments.jobs.qwen3vl.task import (
+    check_is_qwen3vl,
+    check_qwen3vl_config,
+    with_local_checkpoint,
+  )
   check_experiment_config(config)
+  given = config.qwen3vl.hf_dir
   config = with_local_checkpoint(config)   # a hub id: its snapshot in the hub's cache
   check_qwen3vl_config(config)
+  if config.qwen3vl.hf_dir:
+    check_is_qwen3vl(config.qwen3vl.hf_dir, given)
   return Checked("qwen3vl", config)
 
 

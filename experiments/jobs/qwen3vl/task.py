@@ -23,14 +23,16 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import ml_collections
 from flax import nnx
 
 from experiments.hf.qwen3vl.processor import Qwen3VLProcessor
 from experiments.jobs.qwen3vl.data import ConversationSampler
 from experiments.jobs.saved import resume_check, saved_config
-from experiments.jobs.vlm.loss import trainable_mask
-from experiments.trainer import Task, writers
+from experiments.jobs.vlm.loss import TRAINABLE, trainable_mask
+from experiments.models.lora import lora_config, lora_param_count
+from experiments.trainer import Task, durable, writers
 from experiments.vlm.qwen3vl.config import Qwen3VLConfig
 from experiments.vlm.qwen3vl.conversations import ConversationData
 from experiments.vlm.qwen3vl.emoji_jsonl import emoji_jsonl
@@ -52,6 +54,9 @@ def model_config(q, processor=None) -> Qwen3VLConfig:
   else:
     config = smoke_config(processor, max_len=int(q.max_len) or 512)
   config = with_remat(config, q)
+  lora = lora_config(q.get("lora"))   # LoRA-SFT: factors on the decoder (rank 0: none)
+  if lora is not None:
+    config = config.replace(text=config.text.replace(lora=lora))
   if config.text.ffn_branch_layers:   # the authors' pvm_layers: keep them
     want = tuple(sorted(q.pvm.layers))
     if want and want != tuple(config.text.ffn_branch_layers):
@@ -84,9 +89,12 @@ def check_qwen3vl_config(config) -> None:
   st = q.stage
   if st.name not in STAGES:
     raise ValueError(f"qwen3vl.stage.name={st.name!r} is not one of {STAGES}.")
-  if st.trainable not in ("branch", "lm+branch", "lm"):
+  if st.trainable not in TRAINABLE:
     raise ValueError(f"qwen3vl.stage.trainable={st.trainable!r} is not one of "
-                     "('branch', 'lm+branch', 'lm').")
+                     f"{tuple(TRAINABLE)}.")
+  if st.trainable.startswith("lora") and not q.init_from and lora_config(q.get("lora")) is None:
+    raise ValueError(f"qwen3vl.stage.trainable={st.trainable!r} needs LoRA factors: set "
+                     "qwen3vl.lora.rank > 0.")
   if st.name == "grpo" and not q.init_from:
     raise ValueError("qwen3vl.stage.name='grpo' needs qwen3vl.init_from (the Stage I run "
                      "directory).")
@@ -105,6 +113,23 @@ def check_qwen3vl_config(config) -> None:
   for name in ("group_size", "prompts_per_step", "max_new_tokens"):
     if int(g[name]) < 1:
       raise ValueError(f"qwen3vl.grpo.{name}={g[name]} must be >= 1.")
+
+
+def check_is_qwen3vl(hf_dir, given=None) -> None:
+  """Refuses a checkpoint whose config.json is not Qwen3-VL's, naming its model_type
+  (before the run copies a processor the checkpoint does not have); `given`: the
+  directory or hub id as the user wrote it (`hf_dir` is then its snapshot)."""
+  given = given or hf_dir
+  from experiments.hf.config import read_config_json
+  from experiments.hf.qwen3vl.load import MODEL_TYPE
+  from experiments.hf.qwen3vl.moe import MODEL_TYPE as MOE_MODEL_TYPE
+  model_type = read_config_json(hf_dir).get("model_type")
+  if model_type not in (MODEL_TYPE, MOE_MODEL_TYPE):
+    text = (" (a text model: train it with experiments/configs/hf_lngram.py and "
+            f"--config.init_from=hf:{given})" if model_type not in (None, "") else "")
+    raise ValueError(f"qwen3vl.hf_dir={given}: its config.json has model_type "
+                     f"{model_type!r}, not {MODEL_TYPE!r} or {MOE_MODEL_TYPE!r}: not a "
+                     f"Qwen3-VL checkpoint{text}.")
 
 
 def _processor(q, workdir: Path) -> Qwen3VLProcessor:
@@ -159,7 +184,7 @@ def qwen3vl_task(config, workdir, mesh=None) -> Task:
   # checked by the job's check (experiments/jobs/qwen3vl/__init__.py).
   q, st = config.qwen3vl, config.qwen3vl.stage
   workdir = Path(workdir)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
+  durable.write_text(workdir / "config.json", config.to_json_best_effort(indent=1))
   processor = _processor(q, workdir)
   source = Path(q.init_from or q.hf_dir) / ("hf_config.json" if q.init_from else "config.json")
   if source.is_file() and not (workdir / "hf_config.json").exists():
@@ -213,14 +238,18 @@ def _finish(config, workdir: Path, summary) -> dict:
 def param_count(config):
   """(parameters, Qwen3VLConfig) of the model a config describes, from shapes alone
   (the checkpoint's config.json, no arrays)."""
-  import jax
+  params, mc = abstract_params(config)
+  return sum(int(x.size) for x in jax.tree.leaves(params)), mc
 
+
+def abstract_params(config):
+  """(abstract pure-dict parameters, Qwen3VLConfig) of the model a config describes."""
   from experiments.vlm.qwen3vl.model import Qwen3VL
   q = config.qwen3vl
   processor = None if q.hf_dir else _smoke_processor()
   mc = model_config(q, processor)
   abstract = nnx.eval_shape(lambda: Qwen3VL(mc, rngs=nnx.Rngs(0)))
-  return sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))), mc
+  return nnx.to_pure_dict(nnx.state(abstract, nnx.Param)), mc
 
 
 def _smoke_processor():
@@ -235,16 +264,20 @@ def plan_line(config, devices: int) -> str:
   """Parameters and AdamW state per device with both sharded over `devices` (float32
   moments), and what trains: the line `train` prints for `plan_devices`."""
   from experiments.jobs.checks import format_bytes
-  n, mc = param_count(config)
+  params, mc = abstract_params(config)
+  n = sum(int(x.size) for x in jax.tree.leaves(params))
   itemsize = 2 if str(mc.text.param_dtype) in ("bfloat16", "float16") else 4
   pvm = mc.text.ffn_branch
   branch = 0
   if pvm is not None:
     from pvm_jax.module import param_count as pvm_count
     branch = pvm_count(pvm)["total"] * len(mc.text.ffn_branch_layers)
-  trains = branch if config.qwen3vl.stage.trainable == "branch" else n
+  lora = lora_param_count(params)
+  trains = {"branch": branch, "lora": lora, "lora+branch": lora + branch}.get(
+      config.qwen3vl.stage.trainable, n)
   per_device = (n * itemsize + 2 * trains * 4) / devices
   return (f"plan for {devices} devices: {n / 1e9:.3f}B parameters ({branch / 1e6:.2f}M in "
-          f"{len(mc.text.ffn_branch_layers)} PVM branches), {trains / 1e6:.2f}M trained; "
+          f"{len(mc.text.ffn_branch_layers)} PVM branches, {lora / 1e6:.2f}M in LoRA "
+          f"factors), {trains / 1e6:.2f}M trained; "
           f"parameters + AdamW state {format_bytes(per_device)} per device (activations "
           "not included)")

@@ -10,6 +10,8 @@ What is VLM-specific about the supervised stages (the task is experiments/jobs/v
         branch      Stage I: the beside-FFN branches (`.../ffn_branch/...`) only
         lm          Stage I of the no-branch baseline: the LM (encoder, projector frozen)
         lm+branch   Stage II: LM and branch (vision encoder and projector frozen)
+        lora        LoRA-SFT: the decoder's LoRA factors (experiments/models/lora.py)
+        lora+branch the LoRA factors and the beside-FFN branches
 
   * the caption / counting loss (`lm_loss`) and its loss hook `vlm_loss`;
     stage 0 may train the per-cell class head beside it (`CellPretrainer`).
@@ -25,6 +27,10 @@ TRAINABLE = {
     "branch": lambda path: "/ffn_branch/" in path,
     "lm": lambda path: path.startswith("lm/") and "/ffn_branch/" not in path,
     "lm+branch": lambda path: path.startswith("lm/"),
+    # LoRA-SFT (the PVM paper's baseline): the decoder's LoRA factors only.
+    "lora": lambda path: path.startswith("lm/") and path.endswith(("_lora_a", "_lora_b")),
+    "lora+branch": lambda path: path.startswith("lm/") and (
+        path.endswith(("_lora_a", "_lora_b")) or "/ffn_branch/" in path),
 }
 
 

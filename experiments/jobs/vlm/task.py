@@ -26,7 +26,7 @@ from experiments.jobs.init_from import init_from
 from experiments.jobs.saved import resume_check, saved_config
 from experiments.jobs.vlm import loss as vlm_loss
 from experiments.jobs.vlm.grpo import grpo_hooks
-from experiments.trainer import Task, writers
+from experiments.trainer import Task, durable, writers
 from experiments.vlm.tiny.config import vlm_config
 from experiments.vlm.tiny.data import SceneSampler
 from experiments.vlm.tiny.model import VLM
@@ -87,7 +87,7 @@ def vlm_task(config, workdir, mesh=None, *, model_config=None) -> Task:
   v, st = config.vlm, config.vlm.stage
   phases = check_stage(config)
   workdir = Path(workdir)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=1))
+  durable.write_text(workdir / "config.json", config.to_json_best_effort(indent=1))
   model, missing = build_model(config, model_config)
   optim = ml_collections.ConfigDict(config.optim.to_dict())
   trained, loss, prepare, prefix, wrapper = model, vlm_loss.vlm_loss, None, "", {}

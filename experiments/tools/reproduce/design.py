@@ -24,6 +24,11 @@ SETTINGS = ("bytes", "tokens")
 VLM = "vlm_long"       # PVM's long-answer rerun: stage 0 bases, Stage I arms from them
 VLM_SEEDS = (0, 1, 2)
 VLM_ARMS = (("sft_pvm", ""), ("sft_mlp", "mlp"), ("sft_none", "none"))   # name, config arg
+# LoRA-SFT at PVM's trainable parameter count (vlm_long_sft.py:lora), declared before any
+# of its runs, paired by seed with the arms above (the same bases). Not yet in the queue's
+# plan nor in the report's claim family: its claim, "PVM beats LoRA-SFT in item accuracy",
+# is to be scored as a family of its own, so the six claims above keep their Holm family.
+VLM_LORA_ARM = ("sft_lora", "lora")
 EXPERIMENTS = (*SETTINGS, VLM)
 # Experiments trained after the rest (their runs are the longest): `list` prints the note.
 # The times in its note are the recorded runs' (run_records.train_seconds: 6.8-7.0 h a base,

@@ -203,3 +203,27 @@ def test_vlm_analyze_reads_the_step_asked_for(tmp_path):
   assert analyze(tmp_path / "run", restore=functools.partial(restore_module, tmp_path / "run"),
                  which=("logit_lens",), n=2,
                  max_new_tokens=4)["logit_lens"]["source"]["step"] == 2
+
+
+def test_a_run_without_positions_skips_the_record_analyses_and_writes_the_others(
+    smoke_run_copy, capsys, monkeypatch):
+  """A run whose documents are not Python source (short texts: the semantic targets do
+  not parse) has records of no position: the record analyses say so in one warning
+  and write nothing, the others are written; asked alone, they are one error line."""
+  from experiments.analysis import records
+
+  workdir, _ = smoke_run_copy
+  prose = [records.SourceFile(f"doc{i}.txt", b"the cat sat on the mat (((") for i in range(3)]
+  monkeypatch.setattr(records, "split_files", lambda corpus, **kw: (prose, prose[:1]))
+  status = _analyze(workdir, "--which=utilisation,id_knn,injection")
+  err = capsys.readouterr().err
+  assert status == 0, err[-3000:]
+  warned = [line for line in err.splitlines() if "utilisation,id_knn skipped" in line]
+  assert len(warned) == 1 and "0 reference / 0 held-out positions" in warned[0], err
+  written = {p.name for p in (workdir / "analysis").glob("*.json")}
+  assert "injection.json" in written and not {"utilisation.json", "id_knn.json"} & written
+  assert _analyze(workdir, "--which=id_knn") == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  errors = [line for line in err if line.startswith("error:")]
+  assert errors == err[-1:] and err[-1].startswith("error: analyze: id_knn cannot run"), err
+  assert "Traceback" not in "\n".join(err)

@@ -48,3 +48,21 @@ def test_import_hf_names_every_family_and_configs_align(capsys):
   starts = {len(line) - len(line.split(".py", 1)[1].lstrip()) for line in lines}
   assert len(starts) == 1   # every purpose starts in the same column
   assert all(".py  " in line for line in lines)
+
+
+def _flag_line(capsys, command: str, flag: str) -> str:
+  assert run_main(["lngram-exp", command, "--help"]) == 0
+  lines = [line for line in capsys.readouterr().out.splitlines()
+           if line.startswith(f"  --{flag}:")]
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
+def test_help_names_hub_ids_and_each_command_s_own_out(capsys):
+  """The flags that take a Hugging Face hub id say so; export-hf's --out is described
+  as its own output, not as prepare-data's data directory."""
+  assert "hub id" in _flag_line(capsys, "import-hf", "hf_dir")
+  assert "hub id" in _flag_line(capsys, "prepare-data", "tokenizer")
+  out = _flag_line(capsys, "export-hf", "out")
+  assert "Hugging Face checkpoint directory" in out and "prepare-data" not in out
+  assert "data directory" in _flag_line(capsys, "prepare-data", "out")

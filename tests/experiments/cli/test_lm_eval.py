@@ -244,6 +244,46 @@ def test_unknown_task_is_refused_in_one_line_before_the_restore(tmp_path, task_d
   assert "\n" not in str(e.value) and "tiny_mc" not in str(e.value)
 
 
+def test_a_task_lm_eval_cannot_build_is_one_line_before_the_restore(tmp_path, task_dir):
+  """A task whose document has an empty answer choice fails inside lm-eval's task code
+  (an IndexError): one line naming the task, before any checkpoint is read (the
+  directory holds no run)."""
+  (task_dir / "empty.jsonl").write_text(json.dumps(
+      {"question": "q", "choices": ["", " b"], "label": 1}) + "\n")
+  (task_dir / "tiny_empty.yaml").write_text(
+      f"task: tiny_empty\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+      f"    test: {task_dir / 'empty.jsonl'}\ntest_split: test\n{TASKS['tiny_mc'][2]}")
+  with pytest.raises(ValueError, match="lm-eval task 'tiny_empty' failed") as e:
+    lm_eval_command(tmp_path / "empty", ["tiny_mc", "tiny_empty"],
+                    include_path=str(task_dir))
+  assert "\n" not in str(e.value) and "IndexError" in str(e.value)
+
+
+def test_an_unwritable_results_folder_is_refused_before_the_restore(tmp_path, task_dir):
+  """The results folder is tried before the evaluation (here `lm_eval` is a file), so
+  nothing is evaluated for results that cannot be kept; the run is not restored."""
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "lm_eval").write_text("not a folder")
+  with pytest.raises(ValueError, match="run/lm_eval: cannot write the results") as e:
+    lm_eval_command(tmp_path / "run", ["tiny_mc"], include_path=str(task_dir))
+  assert "\n" not in str(e.value)
+
+
+def test_the_table_is_printed_before_the_results_are_written(smoke_run_copy, task_dir,
+                                                           capsys, monkeypatch):
+  """A write that fails after the evaluation (the disk filled meanwhile) still leaves
+  lm-eval's table on the terminal."""
+  import experiments.cli.commands.lm_eval as command
+
+  def full_disk(*args):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(command, "write_results", full_disk)
+  with pytest.raises(OSError):
+    lm_eval_command(smoke_run_copy[0], ["tiny_mc"], include_path=str(task_dir), limit=1)
+  assert "tiny_mc" in capsys.readouterr().out
+
+
 def test_vlm_run_is_refused(monkeypatch):
   import experiments.jobs.restore as restore
   monkeypatch.setattr(restore, "restore_module", lambda workdir, step: (None, {"kind": "vlm"}, 1))

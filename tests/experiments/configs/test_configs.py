@@ -26,8 +26,10 @@ ARGS = {"lm_lngram.py": ["", "smoke", "r64,onebit", "r16,ste,smoke", "none",
         "vlm_pvm_grpo.py": ["", "smoke", "mlp,smoke"],
         "qwen3vl_pvm_sft.py": ["", "4b", "smoke"],
         "qwen3vl_pvm_grpo.py": ["", "4b", "smoke"],
+        "qwen3vl_lora_sft.py": ["", "4b", "smoke"],
+        "qwen3vl_lora_grpo.py": ["", "4b", "smoke"],
         "vlm_long_base.py": ["", "smoke", "s1"],
-        "vlm_long_sft.py": ["", "smoke", "mlp,s1", "none,smoke"],
+        "vlm_long_sft.py": ["", "smoke", "mlp,s1", "none,smoke", "lora,s1"],
         "lm_lngram_random_router.py": ["", "smoke", "r64"],
         "hf_lngram.py": ["", "smoke", "pkm", "engram", "v1", "sparse_ffn", "none",
                          "engram,smoke", "none,smoke"],
@@ -77,8 +79,9 @@ def _check_qwen3vl(config, arg):
   from experiments.jobs.qwen3vl.task import check_qwen3vl_config, param_count
   from experiments.vlm.qwen3vl.config import Qwen3VLConfig
   q = config.qwen3vl
+  lora = q.lora.rank > 0   # the LoRA rows: no branch, factors instead (qwen3vl_lora_*.py)
   if arg != "smoke":
-    assert tuple(q.pvm.layers) == ((5, 11, 17) if arg == "4b" else (8, 16, 24))
+    assert tuple(q.pvm.layers) == (() if lora else (5, 11, 17) if arg == "4b" else (8, 16, 24))
     assert q.pvm.latent_dim == 512 and config.plan_devices == 8
     if q.stage.name == "sft":
       with pytest.raises(ValueError, match="qwen3vl.hf_dir is empty"):
@@ -86,7 +89,8 @@ def _check_qwen3vl(config, arg):
     return
   _, model = param_count(config)
   assert Qwen3VLConfig.from_dict(json.loads(json.dumps(model.to_dict()))) == model
-  assert model.text.ffn_branch_layers == (1,) and model.text.d_model <= 64
+  assert model.text.ffn_branch_layers == (() if lora else (1,)) and model.text.d_model <= 64
+  assert (model.text.lora is not None) == lora
   assert config.train.steps <= 10
 
 

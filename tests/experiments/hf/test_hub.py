@@ -250,17 +250,44 @@ def test_prepare_data_with_a_hub_tokenizer(hub_models, tmp_path):
       "org/toks").read_text()
 
 
-def test_qwen3vl_hf_dir_takes_a_hub_id(hub_models):
+def test_init_from_a_hub_id_compares_the_snapshots_tokenizer(hub_models, tmp_path):
+  """init_from=hf:org/name on token data: the id's cached snapshot is compared, not a
+  relative path org/name that is not there (which read as a byte-level source)."""
+  from experiments.data.tokens.format import TokenDataError
+  from experiments.data.tokens.rows import TokenCorpus
+  from experiments.data.tokens.run import check_init_from
+  path = tmp_path / "in.jsonl"
+  path.write_text("".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2}"}) + "\n"
+                          for i in range(40)))
+  prepare(str(path), "org/tiny", str(tmp_path / "own"), progress=False)
+  prepare(str(path), "bytes", str(tmp_path / "bytes"), progress=False)
+  check_init_from(TokenCorpus(str(tmp_path / "own")), "hf:org/tiny")   # the README's recipe
+  with pytest.raises(TokenDataError) as e:   # byte ids into a 201-id tokenizer's model
+    check_init_from(TokenCorpus(str(tmp_path / "bytes")), "hf:org/tiny")
+  assert "hf:org/tiny" in one_line(e) and "vocabulary 201" in one_line(e)
+  check_init_from(TokenCorpus(str(tmp_path / "bytes")), "hf:org/bare")   # 256 ids, no tokenizer
+
+
+def test_qwen3vl_hf_dir_takes_a_hub_id(hub_models, offline_cache, tmp_path):
   """`qwen3vl.hf_dir=org/name`: the job's check puts the cached snapshot in its place (the
-  caller's config is left as given); an uncached id offline is one line."""
+  caller's config is left as given); a text-only checkpoint is refused naming its
+  model_type and the id as given; an uncached id offline is one line."""
   from experiments.configs import load_config
   from experiments.jobs import job_of
+  vl = tmp_path / "vl"
+  vl.mkdir()
+  (vl / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+  cache_repo(offline_cache, "org/vl", vl)
   config = load_config("experiments/configs/qwen3vl_pvm_sft.py:smoke")
-  config.qwen3vl.hf_dir = "org/tiny"
+  config.qwen3vl.hf_dir = "org/vl"
   checked = job_of(config).check(config)
   snapshot = Path(checked.config.qwen3vl.hf_dir)
   assert snapshot.is_dir() and (snapshot / "config.json").is_file()
-  assert snapshot.name == COMMIT and config.qwen3vl.hf_dir == "org/tiny"
+  assert snapshot.name == COMMIT and config.qwen3vl.hf_dir == "org/vl"
+  config.qwen3vl.hf_dir = "org/tiny"   # a Qwen3 text model: not "no processor"
+  with pytest.raises(ValueError, match="model_type 'qwen3'") as e:
+    job_of(config).check(config)
+  assert one_line(e).startswith("qwen3vl.hf_dir=org/tiny: ") and "hf:org/tiny" in one_line(e)
   config.qwen3vl.hf_dir = "org/absent"
   with pytest.raises(ValueError) as e:
     job_of(config).check(config)

@@ -19,7 +19,12 @@ from test_moe import _values_and_grads
 
 from experiments.models import moe, moe_reference
 from experiments.models.moe import MoEConfig, MoEFFN
-from experiments.models.moe_exchange import dense_ragged_all_to_all
+from experiments.models.moe_exchange import (
+    dense_ragged_all_to_all,
+    inverse_permutation,
+    permute_rows,
+    ragged_exchange,
+)
 from experiments.models.moe_parallel import buffer_rows
 from experiments.trainer.placement import make_train_mesh
 
@@ -108,6 +113,54 @@ def test_the_dense_emulation_keeps_the_ragged_all_to_all_contract():
   args = [jnp.asarray(a) for a in (operands, outputs, in_off, send, out_off, recv)]
   args = [jax.device_put(a, NamedSharding(mesh, P("expert"))) for a in args]
   np.testing.assert_array_equal(np.asarray(fn(*args)), np.stack(want))
+
+
+@needs_8
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_exchange_gradient_is_the_dense_emulation_gradient(dtype):
+  """`ragged_exchange`'s own backward (the reverse exchange into a counted zero buffer,
+  a row mask for the output) gives the operand and the output buffer the cotangents
+  jax's autodiff of the dense emulation gives, float64 staying float64."""
+  n, S, R, W = 4, 6, 9, 3
+  rng = np.random.default_rng(1)
+  send = np.array([[2, 0, 3, 1], [0, 0, 0, 6], [1, 1, 1, 1], [0, 2, 0, 0]])
+  in_off = np.array([np.concatenate([[0], np.cumsum(s)[:-1]]) for s in send])
+  out_off = 1 + np.concatenate([np.zeros((1, n), int), np.cumsum(send, 0)[:-1]], 0)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("expert",))
+
+  def vjp_of(exchange):
+    def body(a, b, c, d, e, f, t):
+      out, pull = jax.vjp(lambda a, b: exchange(a, b, c[0], d[0], e[0], f[0],
+                                                axis_name="expert"), a[0], b[0])
+      return (out[None], *(g[None] for g in pull(t[0])))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("expert"),) * 7,
+                                 out_specs=(P("expert"),) * 3))
+
+  with jax.enable_x64(dtype == np.float64):
+    args = [rng.normal(size=(n, S, W)).astype(dtype), rng.normal(size=(n, R, W)).astype(dtype),
+            in_off, send, out_off, send.T, rng.normal(size=(n, R, W)).astype(dtype)]
+    args = [jax.device_put(jnp.asarray(a), NamedSharding(mesh, P("expert"))) for a in args]
+    got = vjp_of(ragged_exchange)(*args)
+    want = vjp_of(dense_ragged_all_to_all)(*args)
+  for g, w in zip(got, want, strict=True):
+    assert g.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_permuted_rows_differentiate_as_the_gather_they_are():
+  """`permute_rows` (backward: the gather by the inverse permutation) against jax's own
+  gradient of x[order], float64."""
+  with jax.enable_x64(True):
+    x_RxD = jnp.asarray(np.random.default_rng(2).normal(size=(7, 3)))
+    order_R = jnp.asarray([3, 0, 6, 1, 5, 2, 4])
+    t_RxD = jnp.asarray(np.random.default_rng(3).normal(size=(7, 3)))
+    got_y, pull = jax.vjp(lambda x: permute_rows(x, order_R), x_RxD)
+    want_y, want_pull = jax.vjp(lambda x: x[order_R], x_RxD)
+    (got_t,), (want_t,) = pull(t_RxD), want_pull(t_RxD)
+    assert got_t.dtype == jnp.float64
+  np.testing.assert_array_equal(got_y, want_y)
+  np.testing.assert_array_equal(got_t, want_t)
+  np.testing.assert_array_equal(inverse_permutation(order_R)[order_R], np.arange(7))
 
 
 def _dropped_slots(experts_NxK, n, capacity_factor):

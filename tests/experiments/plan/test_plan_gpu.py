@@ -197,3 +197,30 @@ def test_target_names():
   assert gpu.spec_field("h200", "device_memory_size") > 1.7 * gpu.spec_field(
       "h100", "device_memory_size")
   assert gpu.spec_field("a100", "shared_memory_per_block_optin") == 166912
+
+
+def test_a_lora_run_counts_its_factors_and_only_they_hold_optimizer_state():
+  """lm_lngram.py:smoke with model.lora.rank=4 on one H100: the factors' count from the
+  shapes equals the formula's, AdamW's moments are those of the trained parameters alone
+  (the factors and the memory branch, the LM task's LoRA mask), and XLA:GPU compiles it."""
+  _needs_compiler()
+  from experiments.models.config import lm_config
+  config = load_config(f"{CONFIGS}/lm_lngram.py:smoke")
+  config.model.lora.rank = 4
+  mc = lm_config(config)
+  r = plan_run(config, {"data": 1}, target="h100:1")
+  assert r["compiler"] == "XLA:GPU" and r["oom"] is None and "HloModule" in r["hlo"]
+  counts = r["params"]["formula"]
+  # rank 4 on w_q [D, Hq, Dh] and w_kv [D, 2, Hkv, Dh] (the default targets) per layer.
+  per_layer = 4 * (2 * mc.d_model + mc.n_heads * mc.head_dim + 2 * mc.n_kv_heads * mc.head_dim)
+  assert r["params"]["lora"] == counts["lora"] == mc.n_layers * per_layer
+  assert r["params"]["count"] == counts["total"]
+  trained = counts["lora"] + counts["memory"]
+  assert 0 < counts["memory"] < counts["backbone"]
+  # mu and nu in float32 per trained value, plus the transforms' step counts.
+  assert 8 * trained <= r["optimizer_bytes"] <= 8 * trained + 64, (r["optimizer_bytes"], trained)
+  lines = format_plan(r).splitlines()
+  lora = [line for line in lines if line.startswith("  LoRA factors")]
+  assert len(lora) == 1 and f"{counts['lora']:,} [shapes] = {counts['lora']:,} [formula]" in lora[0]
+  assert any(line.startswith("optimizer state") and "trained parameters alone" in line
+             for line in lines)

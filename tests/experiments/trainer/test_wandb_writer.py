@@ -221,6 +221,34 @@ def test_bad_wandb_fields_are_refused_in_one_line():
   writers.check_wandb({"wandb_project": "", "wandb_entity": 3})   # off: nothing is checked
 
 
+def test_a_bad_project_name_is_refused_before_the_run_naming_the_character():
+  """'a/b c' (an entity/project path): refused in the check, by its '/', not with a
+  login hint."""
+  with pytest.raises(ValueError) as e:
+    writers.check_wandb({"wandb_project": "a/b c"})
+  text = str(e.value)
+  assert "'/'" in text and "train.wandb_entity" in text and "login" not in text, text
+  writers.check_wandb({"wandb_project": "a b-c_d.e"})   # spaces and dots are W&B's own
+
+
+def test_the_wandb_hint_follows_the_cause(tmp_path, offline, monkeypatch):
+  """A usage error (a bad setting) is fixed in the config; an offline run is not told to
+  log in; only an online run's failed start is."""
+  import wandb
+
+  def refuse(**kwargs):
+    raise wandb.errors.UsageError("Invalid entity 'x y'")
+
+  monkeypatch.setattr(wandb, "init", refuse)
+  with pytest.raises(ValueError) as e:
+    writers.WandbRun(tmp_path, {"wandb_project": "p", "wandb_entity": "x y"})
+  assert "Invalid entity" in str(e.value) and "login" not in str(e.value)
+  comm = wandb.errors.CommError("network unreachable")
+  assert "login" not in writers._wandb_hint(comm, wandb)   # WANDB_MODE=offline here
+  monkeypatch.delenv("WANDB_MODE")
+  assert "wandb login" in writers._wandb_hint(comm, wandb)
+
+
 def test_flat_config_holds_plain_values():
   import ml_collections
   config = ml_collections.ConfigDict({"model": {"d": 4, "layers": (1, 2), "m": {"k": "x"}},

@@ -112,7 +112,7 @@ def test_init_from_a_run_of_another_tokenizer_is_refused(data_dirs, tmp_path):
   hf.mkdir()
   (hf / "tokenizer.json").write_bytes((tok / "tokenizer.json").read_bytes())
   token_run.run_data(config(tok, init_from=f"hf:{hf}"), tmp_path / "f")
-  with pytest.raises(TokenDataError, match="not the init_from run's"):
+  with pytest.raises(TokenDataError, match="not the init_from checkpoint hf:"):
     token_run.run_data(config(raw, init_from=f"hf:{hf}"), tmp_path / "g")
 
 
