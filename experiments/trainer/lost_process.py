@@ -15,8 +15,9 @@ the coordination service's key-value store every `timeout_s / 12` seconds; the j
 reads the others' counters (in the beater's replies) and, when a peer's counter has
 not moved for `timeout_s`, or the coordination service (process 0) has not answered
 for `timeout_s`, writes one line naming the lost process and the command that
-resumes, and ends the process with `EXIT_LOST` (os._exit: the runtime's shutdown
-would block on the dead peer). A live process's counter moves whatever its main
+resumes, and ends the process with `EXIT_LOST` through `end_process`, which the CLI
+gives (`experiments.cli.shutdown.end_process_now`: an immediate exit, because the
+runtime's shutdown would block on the dead peer; library code never ends the process). A live process's counter moves whatever its main
 thread does (compiling, saving, waiting in a collective). JAX's own heartbeat
 timeout is set longer (`runtime_timeouts`), so the judge speaks first.
 
@@ -30,7 +31,6 @@ every process finished; a step a kill interrupted is a temporary folder, skipped
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import threading
 import time
@@ -70,7 +70,7 @@ class LostProcessWatch:
 
   def __init__(self, *, timeout_s: float, workdir, command: str, client=None,
                process_id: int | None = None, num_processes: int | None = None,
-               clock=time.monotonic):
+               clock=time.monotonic, end_process=None):
     if client is None:
       from jax._src import distributed  # the client orbax's multihost code reads too
       client = distributed.global_state.client
@@ -80,6 +80,9 @@ class LostProcessWatch:
     self.timeout_s, self.workdir, self.command = float(timeout_s), workdir, command
     self.interval_s = max(self.timeout_s / 12, 0.05)
     self.clock = clock
+    # Ends the process with a status, now (the CLI's); None: the line alone is printed
+    # (tests, or a caller that ends the process its own way).
+    self.end_process = end_process
     now = clock()
     self.contact = now                       # the service's last answer
     self.seen = {p: (None, now) for p in range(self.n) if p != self.me}   # counter, when
@@ -167,7 +170,8 @@ class LostProcessWatch:
       sys.stdout.flush()
       print(self.message(lost), file=sys.stderr, flush=True)
     finally:
-      os._exit(EXIT_LOST)
+      if self.end_process is not None:
+        self.end_process(EXIT_LOST)
 
   # -- orderly ends ---------------------------------------------------------------------
 

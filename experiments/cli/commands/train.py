@@ -44,9 +44,10 @@ def train_command(config, workdir, *, max_memory: str | None = None,
   watch = None
   if start_distributed(coordinator, num_processes, process_id,
                        lost_timeout_s=lost_process_timeout):
+    from experiments.cli.shutdown import end_process_now
     watch = LostProcessWatch(timeout_s=lost_process_timeout, workdir=workdir,
                              command=f"lngram-exp train ... --workdir={workdir}, each with "
-                                     "its --process_id").start()
+                                     "its --process_id", end_process=end_process_now).start()
   try:
     checked = preflight.check_train_config(config, max_memory=max_memory)
     from experiments.jobs import job, run_train

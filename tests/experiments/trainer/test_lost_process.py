@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.trainer import lost_process
-from experiments.trainer.lost_process import LostProcessWatch
+from experiments.trainer.lost_process import EXIT_LOST, LostProcessWatch
 
 
 class Store:
@@ -61,6 +61,20 @@ def test_a_silent_peer_is_lost_after_the_timeout_and_not_before():
   assert w[0].verdict() is None and w[2].verdict() is None   # 12 s: not yet
   _tick(clock, w, 2, alive=(0, 2))   # seen at the next beat: within one beat more
   assert w[0].verdict() == 1 and w[2].verdict() == 1
+
+
+def test_firing_prints_one_line_and_ends_the_process_through_the_given_hook(capsys):
+  """The watch never ends the process itself (library code): it calls the hook the CLI
+  gives (`shutdown.end_process_now`) with EXIT_LOST, once, after the line."""
+  ended = []
+  store, clock = Store(), Clock()
+  watch = LostProcessWatch(timeout_s=12.0, workdir="run", command="lngram-exp train",
+                           client=store, process_id=0, num_processes=2, clock=clock,
+                           end_process=ended.append)
+  watch.fire(1)
+  watch.fire(1)   # the judge and a settling error: one line, one end
+  err = capsys.readouterr().err.strip().splitlines()
+  assert ended == [EXIT_LOST] and len(err) == 1 and err[0].startswith("error: process 1 of 2")
 
 
 def test_a_lost_coordinator_is_named_by_every_survivor():
