@@ -22,9 +22,9 @@ import numpy as np
 
 from experiments.analysis.vlm import _jit_forward_aux
 from experiments.vlm.tiny.data import encode
-from pvm_jax.data import CAPTION_PROMPT
-from pvm_jax.data.emoji_classes import CLASS_NAMES
-from pvm_jax.data.emoji_scenes import caption, position_name
+from experiments.vlm.emoji import CAPTION_PROMPT
+from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
+from experiments.vlm.emoji.emoji_scenes import caption, position_name
 
 
 def _rows(scenes):

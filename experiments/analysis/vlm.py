@@ -22,7 +22,7 @@ from flax import nnx
 from experiments.analysis import output
 from experiments.models.generate import completion_mask, generate
 from experiments.vlm.tiny.data import EOS, LENGTH_GROUPS, decode, item_correct, length_group
-from pvm_jax.data.rewards import accuracy_reward, reward
+from experiments.vlm.emoji.rewards import accuracy_reward, reward
 
 
 def fit_inverse(t, y) -> dict:
@@ -136,7 +136,7 @@ def accuracy_by_length(model, data, *, n: int = 64, max_new_tokens: int = 160,
   """Greedy answers scored per length group (by k) and per object position.
 
   item accuracy: fraction of objects whose exact "position: name." appears;
-  for the count task also the answer accuracy and reward (pvm_jax.data.rewards).
+  for the count task also the answer accuracy and reward (experiments.vlm.emoji.rewards).
   `per_scene` keeps every scene's k, length group, item accuracy and answer accuracy
   (None for the caption task) and a digest of the scene (`scene_digest`), in validation
   order: arms evaluated on the same scenes pair scene by scene.

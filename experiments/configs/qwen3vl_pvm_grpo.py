@@ -6,7 +6,7 @@ The paper's Stage II (arXiv 2605.00814): group size G = 8, group-relative
 advantages, clipped ratio (ε = 0.2), KL coefficient 0 (no reference forward),
 AdamW LR 1e-6 constant, completions up to 16,384 tokens; reward 0.1·format +
 0.9·accuracy of "<answer>N</answer>" against each row's "answer"
-(pvm_jax.data.rewards). Sampling prefills [image | prompt] once and decodes
+(experiments.vlm.emoji.rewards). Sampling prefills [image | prompt] once and decodes
 with the KV cache and PVM's visual cache. Prompts per step (8, so 64
 completions) is our choice: the review does not state it. The model is the
 Stage I run's (qwen3vl.init_from; its args must match: "8b", "4b", "smoke").

@@ -2,7 +2,7 @@
 
 For each prompt (image + counting question) G completions are sampled with
 the KV + visual caches. With rewards r_{g} (0.1·format + 0.9·accuracy,
-`pvm_jax.data.rewards`):
+`experiments.vlm.emoji.rewards`):
 
     A_g   = (r_g - mean_g r) / (std_g r + eps)                 group-relative advantage
     ρ_g,t = exp(logπ(o_t) - logπ_old(o_t))

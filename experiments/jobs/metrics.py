@@ -86,7 +86,7 @@ def summarise(memory_config, stats: dict) -> dict[str, float]:
   return out
 
 
-# --- the MoE FFN (experiments/models/moe.py) -------------------------------------------------
+# --- the MoE FFN (experiments/models/moe/layer.py) -------------------------------------------------
 # Its layers report `moe/<layer>/balance_loss` (E·Σ load·P, 1 when balanced) and
 # `moe/<layer>/expert_load` [E] (the share of routed slots per expert) in aux, and
 # with a capacity factor `moe/<layer>/dropped` (slots dropped by the dispatch).

@@ -4,9 +4,9 @@ Modules: `layers` (RMSNorm, RoPE, SwiGLU, embedding), `attention` (GQA with a
 KV cache), `branches` (the slot-branch protocol, `BranchContext`, the
 registry and the Lngram / PVM / MLP branches), `cache` (`LayerCache`,
 `DecodeCache`), `config` (`LMConfig`, `lm_config`), `lm` (`Block`,
-`DecoderLM`), `generate` (one sampler for the LM and the VLM), `moe` (the MoE
-FFN of `LMConfig.moe_layers`, with `moe_reference`, its per-token twin, and
-`moe_parallel`, its experts over the `expert` mesh axis).
+`DecoderLM`), `generate` (one sampler for the LM and the VLM), `moe/` (the MoE
+FFN of `LMConfig.moe_layers`: the layer, its expert-parallel dispatch, the
+exchange and the per-token reference).
 
 Papers: "Lngram v2: Latent N-Gram Memory with Interpretable Discrete
 Representations" (v1: "Lngram: N-gram Conditional Memory in Latent Space",

@@ -10,7 +10,7 @@ partitioned by XLA from the shardings of its parameters and batch.
 `placement_rules(module)` is the model's part of the trainer's placement
 (experiments/trainer/placement.py): memory tables by rows, Lngram layers by
 their own rules (`lngram_jax.sharding.layer_param_spec`), the MoE FFN's routed
-experts by their expert dimension over `expert` (experiments/models/moe_parallel.py)
+experts by their expert dimension over `expert` (experiments/models/moe/parallel.py)
 and, at rest, by a width over `fsdp`.
 """
 
@@ -25,7 +25,7 @@ from lngram_jax.sharding import ShardingConfig
 from lngram_jax.sharding.mesh import layer_param_spec, rows_spec
 
 # The trainer's mesh axes (experiments/trainer/placement.py AXES) as the layer names them:
-# the batch's rows over data, fsdp and expert (experiments/models/moe_parallel.py).
+# the batch's rows over data, fsdp and expert (experiments/models/moe/parallel.py).
 BATCH_AXES = ("data", "fsdp", "expert")
 LNGRAM_SHARDING = ShardingConfig(mode="route_parallel", data_axis=BATCH_AXES,
                                  seq_axis="seq", table_axis="table")

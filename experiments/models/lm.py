@@ -108,7 +108,7 @@ class Block(nnx.Module):
         mrope_section=c.mrope_section, mrope_interleaved=c.mrope_interleaved,
         implementation=c.attention)
     self.mlp_norm = _norm(c)
-    if layer in c.moe_layers:   # drawn where the dense FFN would be (experiments/models/moe.py)
+    if layer in c.moe_layers:   # drawn where the dense FFN would be (experiments/models/moe/layer.py)
       self.mlp = MoEFFN(c.moe, dtype=c.dtype, param_dtype=c.param_dtype, init_std=c.init_std,
                         out_std=out_std, rngs=rngs)
     else:

@@ -29,7 +29,7 @@ A ragged dot traced under a name scope `routed_rows_<n>` counts n of its ragged
 dimension's rows (at most all): expert parallelism's receive buffer holds the
 worst case of uneven loads (every device's every slot), while the rows that
 arrive when the loads balance, the device's own slot count, are what the
-grouped matmul computes (experiments/models/moe_parallel.py names the scope).
+grouped matmul computes (experiments/models/moe/parallel.py names the scope).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
     mesh.expert batch rows too, and the MoE FFN's routed experts (expert
                 parallelism: the task's rules split their expert dimension and
                 tokens reach their experts by all-to-all;
-                experiments/models/moe_parallel.py)
+                experiments/models/moe/parallel.py)
 
 Each size is a positive int or -1 (the devices the others leave; at most one -1).
 On one process the mesh takes the first data·fsdp·seq·table·expert devices; across
@@ -42,7 +42,7 @@ log = logging.getLogger("experiments")
 AXES = ("data", "fsdp", "seq", "table", "expert")
 # The batch's rows split over data, fsdp and expert: on an `expert` axis every device
 # routes its own tokens and the MoE layers send them to their experts by all-to-all
-# (experiments/models/moe_parallel.py), so no device computes another's tokens.
+# (experiments/models/moe/parallel.py), so no device computes another's tokens.
 BATCH_AXES = ("data", "fsdp", "expert")
 
 

@@ -18,7 +18,7 @@ full batch's mean exactly (up to float reassociation); otherwise micro-batches
 weigh equally. One optimiser update per step either way.
 
 Parameters set by a rule instead of the optimiser (the MoE FFN's routing bias,
-which no gradient reaches: experiments/models/moe.py): a loss hook may report
+which no gradient reaches: experiments/models/moe/layer.py): a loss hook may report
 `RULE_UPDATES`, a pure-dict subtree of the parameters holding their next
 values, computed from the step's forward; they replace whatever the optimiser
 did to those leaves. With gradient accumulation they are the micro-batches'

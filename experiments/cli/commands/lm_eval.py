@@ -7,7 +7,7 @@
 The flags are lm-eval's own (`lm-eval run --tasks ... --include_path ...`). The run
 (an LM run, or a Hugging Face backbone brought in with import-hf, with or without
 memory) is restored on one device and wrapped as an lm-eval model
-(experiments/models/lm_eval_adapter.py); `lm_eval.simple_evaluate` runs the tasks and
+(experiments/jobs/lm/lm_eval_adapter.py); `lm_eval.simple_evaluate` runs the tasks and
 lm-eval's table is printed. The results go to `<workdir>/lm_eval/results_step<N>.json`:
 one file per checkpoint step holding every task evaluated on it (a task run again
 replaces its entry; `lngram.runs` records the settings of each task's run).
@@ -67,7 +67,7 @@ def lm_eval_command(workdir, tasks: list[str], *, include_path: str | None = Non
   setting, or lm-eval not installed.
   """
   from experiments.cli import preflight
-  from experiments.models.lm_eval_adapter import require_lm_eval
+  from experiments.jobs.lm.lm_eval_adapter import require_lm_eval
   path = preflight.check_workdir(workdir, train=False)
   task_list = _task_list(tasks)
   _check_settings(limit=limit, batch_size=batch_size, num_fewshot=num_fewshot, seed=seed)
@@ -195,7 +195,7 @@ def restore_lm(workdir, step: int | None = None, **adapter):
   keyword arguments of `LngramLM` (batch_size, seed, ...)."""
   from experiments.jobs.lm.evaluate import require_lm
   from experiments.jobs.restore import restore_module
-  from experiments.models.lm_eval_adapter import make_lm
+  from experiments.jobs.lm.lm_eval_adapter import make_lm
   model, saved, step = restore_module(workdir, step)
   require_lm(saved, workdir, "lm-eval")
   codec, prefix, stops = run_tokens(workdir, saved, model)

@@ -157,8 +157,8 @@ TINY_MAX_PIXELS = 512 * 512
 
 def _corpus() -> list[str]:
   """The texts the tiny BPE is trained on: the emoji scenes' words and chat markup."""
-  from pvm_jax.data import CAPTION_PROMPT, CLASS_NAMES, SceneConfig, make_split, question
-  from pvm_jax.data.emoji_scenes import FILLERS, caption, question_target
+  from experiments.vlm.emoji import CAPTION_PROMPT, CLASS_NAMES, SceneConfig, make_split, question
+  from experiments.vlm.emoji.emoji_scenes import FILLERS, caption, question_target
   scenes = make_split(SceneConfig(), "train", 64, seed=0)
   texts = [CAPTION_PROMPT, " ".join(CLASS_NAMES), *FILLERS, "user assistant system\n"]
   texts += [question(s) + " " + question_target(s) + " " + caption(s, 1) for s in scenes]

@@ -24,7 +24,7 @@ import numpy as np
 from experiments.jobs.grpo import completion_logp, policy_hooks
 from experiments.vlm.qwen3vl.generate import sample
 from experiments.vlm.qwen3vl.positions import rope_index
-from pvm_jax.data.rewards import rewards
+from experiments.vlm.emoji.rewards import rewards
 
 
 def sample_completions(model, batch: dict, grid_thw, *, max_new_tokens: int, rng,
@@ -86,7 +86,7 @@ def qwen3vl_grpo_hooks(data, grpo, *, grid_thw, seed: int, eos: int, ref_model=N
 
   `batch` comes from a ConversationSampler in "prompts" mode. Rewards:
   0.1·format + 0.9·accuracy of "<answer>N</answer>" against the row's answer
-  (pvm_jax.data.rewards), the completion decoded without special tokens.
+  (experiments.vlm.emoji.rewards), the completion decoded without special tokens.
   """
   grid_thw = np.asarray(grid_thw)
 

@@ -31,7 +31,7 @@ from experiments.vlm.tiny.config import vlm_config
 from experiments.vlm.tiny.data import SceneSampler
 from experiments.vlm.tiny.model import VLM
 from experiments.vlm.tiny.scenes import scene_config, split_data
-from pvm_jax.data.emoji_classes import CLASS_NAMES
+from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 
 log = logging.getLogger("experiments")
 STAGES = ("pretrain", "sft", "grpo")

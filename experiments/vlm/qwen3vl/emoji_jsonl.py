@@ -3,7 +3,7 @@
     path = emoji_jsonl(cache_dir, "train", 256, task="count")   # written once, then reused
     data = ConversationData(path, processor)                      # experiments/vlm/qwen3vl/conversations.py
 
-The scenes, captions, questions and splits are pvm_jax.data's (DESIGN.md §4.2),
+The scenes, captions, questions and splits are experiments.vlm.emoji's (DESIGN.md §4.2),
 drawn from the same seeds, so a row here shows the image and asks what the
 tiny VLM's stages ask of scene i. Each image is a PNG (nearest-neighbour
 upscaled by `scale`) beside the JSONL; a row is
@@ -24,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-from pvm_jax.data import SceneConfig, example, load_split, save_png
+from experiments.vlm.emoji import SceneConfig, example, load_split, save_png
 
 TASKS = ("caption", "count", "mix")
 

@@ -3,7 +3,7 @@
 Text is UTF-8 bytes (vocabulary 256); byte 0 never occurs in the texts and
 serves as end-of-sequence and padding. A row is [prompt | target | EOS | pad];
 the loss covers the target and its EOS. Images come from
-`pvm_jax.data.load_split`, rendered once and cached in a directory
+`experiments.vlm.emoji.load_split`, rendered once and cached in a directory
 (`<run_dir>/data` unless the config's vlm.data_dir says otherwise).
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from experiments.vlm.tiny.cell_loss import cell_labels
-from pvm_jax.data import SceneConfig, example, load_split
-from pvm_jax.data.emoji_classes import CLASS_NAMES
-from pvm_jax.data.emoji_scenes import caption_items
+from experiments.vlm.emoji import SceneConfig, example, load_split
+from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
+from experiments.vlm.emoji.emoji_scenes import caption_items
 
 EOS = 0
 # Output-length groups by the number of objects k (the caption/reasoning

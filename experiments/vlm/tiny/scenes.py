@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.vlm.tiny.data import SceneData
-from pvm_jax.data import SceneConfig
+from experiments.vlm.emoji import SceneConfig
 
 
 def scene_config(config, max_objects: int | None = None) -> SceneConfig:

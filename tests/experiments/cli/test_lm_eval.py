@@ -296,8 +296,8 @@ def test_missing_lm_eval_names_the_extra(monkeypatch, tmp_path):
   import importlib
 
   monkeypatch.setitem(sys.modules, "lm_eval", None)
-  monkeypatch.delitem(sys.modules, "experiments.models.lm_eval_adapter")
-  adapter_module = importlib.import_module("experiments.models.lm_eval_adapter")
+  monkeypatch.delitem(sys.modules, "experiments.jobs.lm.lm_eval_adapter")
+  adapter_module = importlib.import_module("experiments.jobs.lm.lm_eval_adapter")
   with pytest.raises(ModuleNotFoundError, match=r"pip install 'lngram-jax\[eval\]'"):
     adapter_module.require_lm_eval()
   with pytest.raises(ValueError, match=r"pip install 'lngram-jax\[eval\]'"):

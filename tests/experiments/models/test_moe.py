@@ -1,4 +1,4 @@
-"""The MoE FFN (experiments/models/moe.py): grouped dispatch == per-token loop, routing
+"""The MoE FFN (experiments/models/moe/layer.py): grouped dispatch == per-token loop, routing
 rules on hand cases, configs, the decoder with MoE layers, and training runs (resume,
 data=4 and expert=4 on host devices == one device). The dispatch on meshes:
 test_moe_parallel.py."""
@@ -18,7 +18,8 @@ from experiments.configs import load_config
 from experiments.jobs import run_train
 from experiments.jobs.lm.task import lm_loss
 from experiments.jobs.restore import restore
-from experiments.models import DecoderLM, LMConfig, lm_config, moe, moe_reference
+from experiments.models import DecoderLM, LMConfig, lm_config, moe
+from experiments.models.moe import reference as moe_reference
 from experiments.models.moe import MoEConfig, MoEFFN
 from experiments.trainer.step import make_train_step
 

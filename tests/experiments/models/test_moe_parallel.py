@@ -1,4 +1,4 @@
-"""Expert parallelism (experiments/models/moe_parallel.py): on meshes of host devices the
+"""Expert parallelism (experiments/models/moe/parallel.py): on meshes of host devices the
 all-to-all dispatch equals the per-token loop in values and gradients under uneven loads
 (one expert takes every token, one none); the CPU emulation of the ragged all-to-all
 follows its contract; a capacity drops exactly the slots its rule names and counts them;
@@ -17,15 +17,16 @@ from jax.sharding import PartitionSpec as P
 from lowering import lower_text
 from test_moe import _values_and_grads
 
-from experiments.models import moe, moe_reference
+from experiments.models import moe
+from experiments.models.moe import reference as moe_reference
 from experiments.models.moe import MoEConfig, MoEFFN
-from experiments.models.moe_exchange import (
+from experiments.models.moe.exchange import (
     dense_ragged_all_to_all,
     inverse_permutation,
     permute_rows,
     ragged_exchange,
 )
-from experiments.models.moe_parallel import buffer_rows
+from experiments.models.moe.parallel import buffer_rows
 from experiments.trainer.placement import make_train_mesh
 
 needs_8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
@@ -164,7 +165,7 @@ def test_permuted_rows_differentiate_as_the_gather_they_are():
 
 
 def _dropped_slots(experts_NxK, n, capacity_factor):
-  """The capacity rule of moe_parallel.py in numpy: {(token, j)} dropped, for tokens
+  """The capacity rule of moe/parallel.py in numpy: {(token, j)} dropped, for tokens
   split in n equal blocks over `expert`."""
   N = experts_NxK.shape[0]
   blocks = np.split(np.arange(N), n)

@@ -13,8 +13,8 @@ from experiments.hf.qwen3vl.tiny_processor import write_tiny_processor_dir
 from experiments.vlm.qwen3vl.conversations import ConversationData, collate, collate_prompts
 from experiments.vlm.qwen3vl.emoji_jsonl import emoji_jsonl
 from experiments.vlm.qwen3vl.image import ImageConfig
-from pvm_jax.data import SceneConfig, make_split
-from pvm_jax.data.emoji_scenes import count
+from experiments.vlm.emoji import SceneConfig, make_split
+from experiments.vlm.emoji.emoji_scenes import count
 
 
 @pytest.fixture(scope="module")

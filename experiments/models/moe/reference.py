@@ -1,4 +1,4 @@
-"""The slow, obviously-correct twin of the MoE FFN (experiments/models/moe.py).
+"""The slow, obviously-correct twin of the MoE FFN (experiments/models/moe/layer.py).
 
 One token at a time (`jax.lax.map` over the N tokens): its router
 probabilities, its K experts by a stable descending sort (ties: the lowest

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pvm_jax.data.emoji_classes import EmojiClass
+from experiments.vlm.emoji.emoji_classes import EmojiClass
 
 _DRAW_PX = 96          # font size the glyphs are drawn at before downsampling
 _NOTDEF = "\ue000"     # a private-use code point: draws the font's "missing glyph"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pvm_jax.data import emoji_render, emoji_scenes
-from pvm_jax.data.emoji_classes import resolve_classes
-from pvm_jax.data.emoji_scenes import Scene, SceneConfig
+from experiments.vlm.emoji import emoji_render, emoji_scenes
+from experiments.vlm.emoji.emoji_classes import resolve_classes
+from experiments.vlm.emoji.emoji_scenes import Scene, SceneConfig
 
 TASKS = ("caption", "count")
 

@@ -35,7 +35,7 @@ import hashlib
 
 import numpy as np
 
-from pvm_jax.data.emoji_classes import CATEGORIES, CLASS_CATEGORY, CLASS_NAMES, PLURALS
+from experiments.vlm.emoji.emoji_classes import CATEGORIES, CLASS_CATEGORY, CLASS_NAMES, PLURALS
 
 SPLITS = {"train": (0, 80), "validation": (80, 90), "test": (90, 100)}
 MAX_GRID = 4

@@ -1,7 +1,7 @@
 """lm-evaluation-harness over a restored LM: `make_lm(model, codec)` is an `lm_eval` model.
 
     import lm_eval
-    from experiments.models.lm_eval_adapter import make_lm
+    from experiments.jobs.lm.lm_eval_adapter import make_lm
     lm = make_lm(model, codec, batch_size=8)      # model: a DecoderLM with its weights
     results = lm_eval.simple_evaluate(model=lm, tasks=["hellaswag"])
 

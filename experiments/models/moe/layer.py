@@ -36,11 +36,11 @@ Dispatch: "grouped" sorts the N·k token slots by expert, runs the experts as
 three grouped matmuls over the sorted slots (kernels/grouped_matmul: megablox
 in a TPU program, XLA's ragged_dot elsewhere) and adds the gated outputs back
 into their tokens; "reference" is the per-token loop of
-experiments/models/moe_reference.py (the test twin). On a training mesh of more
+experiments/models/moe/reference.py (the test twin). On a training mesh of more
 than one device the grouped form runs under shard_map, each device on its own
 tokens; with an `expert` axis the slots travel by all-to-all to the device
 holding their expert and back (expert parallelism,
-experiments/models/moe_parallel.py). No slot is dropped unless a
+experiments/models/moe/parallel.py). No slot is dropped unless a
 capacity_factor is set.
 
 Shape legend: experiments/models/__init__.py; N tokens (B·T), E experts, K top_k,
@@ -55,7 +55,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models import moe_parallel, moe_reference
+from experiments.models.moe import parallel as moe_parallel
+from experiments.models.moe import reference as moe_reference
 from experiments.models.layers import SwiGLU, normal
 from kernels.grouped_matmul import grouped_matmul
 from lngram_jax import dataclass_json
@@ -79,7 +80,7 @@ class MoEConfig:
   dispatch: "grouped" (grouped matmuls) or "reference" (per-token loop).
   capacity_factor: 0 (dropless: every token reaches its K experts) or c > 0: on
   an `expert` axis each device receives at most ceil(c · its slots) rows and
-  drops the rest, counted per step (experiments/models/moe_parallel.py).
+  drops the rest, counted per step (experiments/models/moe/parallel.py).
   """
 
   d_model: int

@@ -10,7 +10,7 @@ L = E / n. Under `jax.shard_map`, per device (N local tokens, S = N·K slots):
      contiguous run, ordered by expert;
   2. all-gather the [n, L] counts of every device of the group (tiny), so each
      device knows every sender's sizes and offsets without further exchange;
-  3. send each run to its device (`moe_exchange.ragged_exchange`: XLA's ragged
+  3. send each run to its device (`exchange.ragged_exchange`: XLA's ragged
      all-to-all on TPU and GPU); the receiver's buffer holds the senders' runs
      one after another, sender 0 first;
   4. sort the received rows by local expert (already sorted with one expert per
@@ -29,7 +29,7 @@ count of the step is logged (`moe/<layer>/dropped`).
 
 Without an `expert` axis (or one of size 1) each device runs the one-device
 grouped dispatch on its own tokens with every expert. The one-device dispatch
-and the per-token loop (experiments/models/moe_reference.py) are the reference:
+and the per-token loop (experiments/models/moe/reference.py) are the reference:
 the tests compare values and gradients on a mesh of 4 host devices with uneven
 loads, and the losses of training runs on data=4 and expert=4.
 """
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from experiments.models.layout import BATCH_AXES, check_expert_axis
-from experiments.models.moe_exchange import (
+from experiments.models.moe.exchange import (
     exclusive_cumsum,
     inverse_permutation,
     permute_rows,

@@ -13,10 +13,10 @@ captions, questions), `emoji_render` (glyph atlas, composition, caches),
 `emoji_dataset` (a split as arrays + texts), `rewards` (format/accuracy).
 """
 
-from pvm_jax.data.emoji_classes import CATEGORIES, CLASS_NAMES, resolve_classes
-from pvm_jax.data.emoji_dataset import example, load_split, scene_images
-from pvm_jax.data.emoji_render import compose_scene, glyph_atlas, render_atlas, save_png
-from pvm_jax.data.emoji_scenes import (
+from experiments.vlm.emoji.emoji_classes import CATEGORIES, CLASS_NAMES, resolve_classes
+from experiments.vlm.emoji.emoji_dataset import example, load_split, scene_images
+from experiments.vlm.emoji.emoji_render import compose_scene, glyph_atlas, render_atlas, save_png
+from experiments.vlm.emoji.emoji_scenes import (
     CAPTION_PROMPT,
     Scene,
     SceneConfig,
@@ -29,7 +29,7 @@ from pvm_jax.data.emoji_scenes import (
     sample_scene,
     split_of,
 )
-from pvm_jax.data.rewards import accuracy_reward, format_reward, parse_answer, reward, rewards
+from experiments.vlm.emoji.rewards import accuracy_reward, format_reward, parse_answer, reward, rewards
 
 __all__ = [
     "CAPTION_PROMPT",

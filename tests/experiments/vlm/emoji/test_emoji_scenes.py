@@ -11,9 +11,9 @@ import re
 import numpy as np
 import pytest
 
-from pvm_jax.data import emoji_scenes
-from pvm_jax.data.emoji_classes import CATEGORIES, CLASS_CATEGORY, CLASS_NAMES, CLASS_SPECS
-from pvm_jax.data.emoji_scenes import (
+from experiments.vlm.emoji import emoji_scenes
+from experiments.vlm.emoji.emoji_classes import CATEGORIES, CLASS_CATEGORY, CLASS_NAMES, CLASS_SPECS
+from experiments.vlm.emoji.emoji_scenes import (
     FILLERS,
     Scene,
     SceneConfig,
@@ -136,7 +136,7 @@ def test_question_count_and_target():
 
 
 def test_curated_classes_resolve_in_emoji_test(emoji_packages):
-  from pvm_jax.data.emoji_classes import load_emoji_test, resolve_classes
+  from experiments.vlm.emoji.emoji_classes import load_emoji_test, resolve_classes
   entries = load_emoji_test()
   assert sum(e.status == "fully-qualified" for e in entries) == 3944
   classes = resolve_classes(entries)
@@ -151,8 +151,8 @@ def test_curated_classes_resolve_in_emoji_test(emoji_packages):
 
 
 def test_glyphs_are_real_and_distinct(emoji_packages, tmp_path):
-  from pvm_jax.data.emoji_classes import resolve_classes
-  from pvm_jax.data.emoji_render import glyph_atlas
+  from experiments.vlm.emoji.emoji_classes import resolve_classes
+  from experiments.vlm.emoji.emoji_render import glyph_atlas
   atlas = glyph_atlas(resolve_classes(), 16, tmp_path)
   assert atlas.shape == (40, 16, 16, 3) and atlas.dtype == np.uint8
   flat = atlas.reshape(40, -1).astype(np.int32)
@@ -168,9 +168,9 @@ def test_glyphs_are_real_and_distinct(emoji_packages, tmp_path):
 
 
 def test_scene_composition_and_cache_round_trip(emoji_packages, tmp_path):
-  from pvm_jax.data import emoji_dataset
-  from pvm_jax.data.emoji_classes import resolve_classes
-  from pvm_jax.data.emoji_render import atlas_cache_name, glyph_atlas
+  from experiments.vlm.emoji import emoji_dataset
+  from experiments.vlm.emoji.emoji_classes import resolve_classes
+  from experiments.vlm.emoji.emoji_render import atlas_cache_name, glyph_atlas
   config = SceneConfig(rows=2, cols=3, glyph_size=8)
   scenes, images = emoji_dataset.load_split(tmp_path, config, "test", 12, seed=4)
   assert images.shape == (12, 16, 24, 3) and images.dtype == np.uint8
