@@ -65,6 +65,22 @@ def committed_steps(workdir) -> list[int]:
     return []
 
 
+def lost_process_line(lost: int | None, *, me: int, n: int, workdir, command: str,
+                      what: str) -> str:
+  """The one line a survivor ends with: who was lost (None: not known) and `what` befell
+  it, and how the run resumes (the newest step every process committed)."""
+  steps = committed_steps(workdir)
+  resume = (f"it resumes from step {steps[-1]}, the newest checkpoint every process "
+            f"committed ({Path(workdir) / 'checkpoints' / str(steps[-1])})" if steps
+            else "no checkpoint was committed, so it starts the run again")
+  if lost is None:
+    who = "the coordination service"
+  else:
+    who = f"process {lost} of {n}" + (" (the coordinator)" if lost == 0 else "")
+  return (f"error: {who} {what}; process {me} stops. Run the same command on every "
+          f"host again ({command}): {resume}.")
+
+
 class LostProcessWatch:
   """The beater and the judge of one process (module docstring)."""
 
@@ -146,15 +162,10 @@ class LostProcessWatch:
     return min(late) if late else None
 
   def message(self, lost: int) -> str:
-    steps = committed_steps(self.workdir)
-    resume = (f"it resumes from step {steps[-1]}, the newest checkpoint every process "
-              f"committed ({Path(self.workdir) / 'checkpoints' / str(steps[-1])})" if steps
-              else "no checkpoint was committed, so it starts the run again")
-    who = f"process {lost} of {self.n}" + (" (the coordinator)" if lost == 0 else "")
     what = ("stopped on an error (its own output says which)" if lost in self.failed
             else f"was lost (no sign of life for {self.timeout_s:g} s)")
-    return (f"error: {who} {what}; process {self.me} stops. Run the same command on every "
-            f"host again ({self.command}): {resume}.")
+    return lost_process_line(lost, me=self.me, n=self.n, workdir=self.workdir,
+                             command=self.command, what=what)
 
   def _judge(self) -> None:
     while not self._stop.wait(self.interval_s / 2):

@@ -25,6 +25,8 @@ def main():
     return original(*a, **k)
 
   setattr(owner, name, wrapped)
+  # The CLI in this process, not in a supervised child (where the patch would not be).
+  os.environ["LNGRAM_EXP_SUPERVISED"] = "1"
   from experiments.cli import main as cli_main
   sys.argv = ["lngram-exp", *args]
   cli_main()

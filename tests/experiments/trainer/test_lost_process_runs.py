@@ -4,9 +4,11 @@ process, and its restart.
 Process 1 is killed (SIGKILL, by tests/experiments/trainer/kill_at.py) as the step-8
 save begins, while process 0 writes its half: the survivor ends within the watch's
 timeout with one line naming process 1 and the step the rerun resumes from, exit
-EXIT_LOST, no runtime abort; the half-written step is never committed, and the
-restart of both processes resumes from the newest committed step and retrains
-bit for bit (every loss both runs logged is equal).
+EXIT_LOST, no runtime abort; the half-written step is never committed. The rerun loses
+process 0, the coordinator, the same way (the runtime aborts the survivor at once; the
+CLI's parent process, experiments/cli/supervise.py, prints the line instead), and the
+third run resumes from the newest committed step and retrains bit for bit (every loss
+the runs logged is equal).
 """
 
 from __future__ import annotations
@@ -65,49 +67,66 @@ def _losses(workdir) -> dict:
   return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
-@pytest.mark.slow
-def test_a_process_lost_during_a_save_ends_the_other_and_the_rerun_resumes(
-    tmp_path, child_env, local_address):
-  env = child_env(1)
-  workdir = tmp_path / "run"
-  args = _command(workdir, local_address)
-  logs = [tmp_path / f"p{i}.log" for i in range(2)]
-  survivor = _start(["-m", "experiments", *args, "--process_id=0"], env, logs[0])
-  victim = _start([str(KILL_AT), "experiments.trainer.checkpoint:Checkpointer.save", "2",
-                   *args, "--process_id=1"], env, logs[1])
+def _run_pair(tmp_path, tag, env, workdir, victim_id=None, kill_call=2):
+  """Both processes of one run on a fresh port; `victim_id` is SIGKILLed at the
+  `kill_call`-th checkpoint save (before it writes). (statuses, logs, seconds from the
+  victim's death to the survivor's end)."""
+  args = _command(workdir, _free_address())
+  logs = [tmp_path / f"{tag}{i}.log" for i in range(2)]
+  kill = [str(KILL_AT), "experiments.trainer.checkpoint:Checkpointer.save", str(kill_call)]
+  procs = [_start([*(kill if i == victim_id else ["-m", "experiments"]), *args,
+                   f"--process_id={i}"], env, logs[i]) for i in range(2)]
   try:
-    victim_log = _wait(victim, logs[1], 240)
+    if victim_id is None:
+      texts = [_wait(p, log, 240) for p, log in zip(procs, logs, strict=True)]
+      return [p.returncode for p in procs], texts, None
+    victim_log = _wait(procs[victim_id], logs[victim_id], 240)
     died = time.monotonic()
-    survivor_log = _wait(survivor, logs[0], TIMEOUT_S + 60)
-    ended = time.monotonic()
+    survivor_log = _wait(procs[1 - victim_id], logs[1 - victim_id], TIMEOUT_S + 60)
+    took = time.monotonic() - died
   finally:
-    for p in (survivor, victim):
+    for p in procs:
       if p.poll() is None:
         p.kill()
-  assert victim.returncode == -9 and "[kill_at] SIGKILL at call 2" in victim_log, victim_log
-  assert survivor.returncode == EXIT_LOST, survivor_log[-3000:]
-  assert ended - died < TIMEOUT_S + 30, (ended - died, survivor_log[-2000:])
-  lines = survivor_log.strip().splitlines()
+  texts = {victim_id: victim_log, 1 - victim_id: survivor_log}
+  return [p.returncode for p in procs], [texts[0], texts[1]], took
+
+
+def _check_survivor(status, log, took, *, lost: int, resume: str):
+  """The survivor ended in bounded time with EXIT_LOST and one line naming the lost
+  process and where the rerun resumes; no runtime abort, no traceback."""
+  assert status == EXIT_LOST, log[-3000:]
+  assert took < TIMEOUT_S + 30, (took, log[-2000:])
+  lines = log.strip().splitlines()
+  assert lines[-1].startswith(f"error: process {lost} of 2") and resume in lines[-1], lines
+  assert sum(line.startswith("error:") for line in lines) == 1, lines
+  assert "Check failure" not in log and "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_lost_process_ends_the_other_and_the_rerun_resumes_bit_for_bit(tmp_path, child_env):
+  """Process 1 lost as the step-8 save begins; the rerun loses process 0 (the
+  coordinator, whose loss the runtime answers with an abort: the CLI's parent turns it
+  into the same line) at the same point; the third run finishes. Step 8 is never
+  committed half; every loss of every run equals the uninterrupted one's."""
+  env, workdir = child_env(1), tmp_path / "run"
+  statuses, logs, took = _run_pair(tmp_path, "a", env, workdir, victim_id=1)
+  assert statuses[1] == -9 and "[kill_at] SIGKILL at call 2" in logs[1], logs[1]
   committed = committed_steps(workdir)
   assert 8 not in committed and committed in ([], [4]), committed   # step 8: never half
   resume = "resumes from step 4" if committed else "starts the run again"
-  assert lines[-1].startswith("error: process 1 of 2 was lost") and resume in lines[-1], lines
-  assert sum(line.startswith("error:") for line in lines) == 1, lines
-  assert "Check failure" not in survivor_log and "Traceback" not in survivor_log
-  before = _losses(workdir)
-  assert set(before) >= set(range(1, 9)), before
+  _check_survivor(statuses[0], logs[0], took, lost=1, resume=resume)
+  first = _losses(workdir)
+  assert set(first) >= set(range(1, 9)), first
 
-  address = _free_address()
-  logs = [tmp_path / f"rerun{i}.log" for i in range(2)]
-  rerun = [_start(["-m", "experiments", *_command(workdir, address), f"--process_id={i}"],
-                  env, logs[i]) for i in range(2)]
-  try:
-    logs = [_wait(p, log, 240) for p, log in zip(rerun, logs, strict=True)]
-  finally:
-    for p in rerun:
-      if p.poll() is None:
-        p.kill()
-  assert [p.returncode for p in rerun] == [0, 0], "\n".join(log[-2000:] for log in logs)
-  after = _losses(workdir)
-  assert sorted(after) == list(range(1, 11))
-  assert {s: after[s] for s in before} == before   # bit for bit, the retrained steps too
+  statuses, logs, took = _run_pair(tmp_path, "b", env, workdir, victim_id=0, kill_call=1)
+  assert statuses[0] == -9, logs[0]
+  assert 8 not in committed_steps(workdir)
+  _check_survivor(statuses[1], logs[1], took, lost=0, resume=resume)
+  assert "(the coordinator) was lost" in logs[1]
+
+  statuses, logs, _ = _run_pair(tmp_path, "c", env, workdir)
+  assert statuses == [0, 0], "\n".join(log[-2000:] for log in logs)
+  last = _losses(workdir)
+  assert sorted(last) == list(range(1, 11))
+  assert {s: last[s] for s in first} == first   # bit for bit, the retrained steps too
