@@ -70,7 +70,7 @@ DESIGN_SECTIONS = {
 
 
 # What the repository tracks at its root; other folders there (runs, outputs) are not scanned.
-TOP_FOLDERS = ("lngram_jax", "pvm_jax", "kernels", "experiments", "tests", ".ci")
+TOP_FOLDERS = ("lngram_jax", "pvm_jax", "kernels", "experiments", "tests", ".ci", "docs")
 
 
 def _walk(top: Path):

@@ -12,7 +12,7 @@ seed 42 (App. A.5). 593.2M parameters, 253.4M active per token, at the
 32,768-token vocabulary passed above. Every choice the paper does not state
 (expert width, vocabulary, sequence length, ...) is listed in
 moe06b_common.py and DESIGN.md §12. data/fwe32k is a `prepare-data`
-directory of FineWeb-Edu shards (README "The paper's experiments");
+directory of FineWeb-Edu shards (docs/reproductions.md, "The paper's experiments");
 moe06b_lngram_v1.py and moe06b_lngram_v2.py add the memory arms.
 
 Args: "" or "smoke" (seconds on CPU, the embedded byte corpus, no flags needed):

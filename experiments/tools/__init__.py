@@ -5,6 +5,7 @@
               its claim family and the run records it writes under experiments/results/records
   report/     RESULTS.md from those records (`python -m experiments.tools.report --write=...`),
               the paired statistics and the tables
+  docs.py     docs/commands.md from every command's `--help` (`python -m experiments.tools.docs`)
 
 They run from a checkout (`pip install -e .`): a wheel carries only the library, its CLI and
 the configs. tests/test_imports.py checks that nothing outside the tools and tests imports

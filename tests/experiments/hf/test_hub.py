@@ -261,7 +261,7 @@ def test_init_from_a_hub_id_compares_the_snapshots_tokenizer(hub_models, tmp_pat
                           for i in range(40)))
   prepare(str(path), "org/tiny", str(tmp_path / "own"), progress=False)
   prepare(str(path), "bytes", str(tmp_path / "bytes"), progress=False)
-  check_init_from(TokenCorpus(str(tmp_path / "own")), "hf:org/tiny")   # the README's recipe
+  check_init_from(TokenCorpus(str(tmp_path / "own")), "hf:org/tiny")   # docs/pretrained.md's recipe
   with pytest.raises(TokenDataError) as e:   # byte ids into a 201-id tokenizer's model
     check_init_from(TokenCorpus(str(tmp_path / "bytes")), "hf:org/tiny")
   assert "hf:org/tiny" in one_line(e) and "vocabulary 201" in one_line(e)

@@ -73,7 +73,7 @@ def test_a_rerun_into_a_folder_of_its_inputs_reads_only_the_inputs(corpus_inputs
   first = prepare(str(corpus), str(tokenizer), str(out), val_fraction=VAL_FRACTION,
                   progress=False)
   assert first["docs"] == 12 and (out / "tokenizer.json").is_file()
-  # The rerun README asks for after a kill: the same manifest, not its own files as text.
+  # The rerun docs/training.md asks for after a kill: the same manifest, not its own files as text.
   again = prepare(str(corpus), str(tokenizer), str(out), val_fraction=VAL_FRACTION,
                   progress=False)
   assert again == first
