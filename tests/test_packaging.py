@@ -109,14 +109,20 @@ def test_readme_points_at_the_design_document_and_the_tools():
     readme = (ROOT / "README.md").read_text()
     assert (ROOT / "DESIGN.md").is_file()
     assert "DESIGN.md" in readme
+    # The guides the README links (docs/*.md) hold the sections that left it.
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert pages, "no docs/ pages"
+    texts = [readme, *(p.read_text() for p in pages)]
     bench = ROOT / "experiments" / "tools" / "bench"
-    tools = re.findall(r"python -m experiments\.tools\.bench\.(\w+)", readme)
-    row = [line for line in readme.splitlines() if line.startswith("| `experiments/tools/bench/`")]
-    assert row, "README's layout table has no experiments/tools/bench/ row"
+    tools = [t for text in texts
+             for t in re.findall(r"python -m experiments\.tools\.bench\.(\w+)", text)]
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    row = [line for line in layout.splitlines() if line.startswith("| `experiments/tools/bench/`")]
+    assert row, "docs/layout.md's layout table has no experiments/tools/bench/ row"
     tools += re.findall(r"`\.(\w+)`", row[0])
     assert tools
     missing = [t for t in tools if not (bench / f"{t}.py").is_file()]
-    assert not missing, f"README names tools that do not exist: {missing}"
+    assert not missing, f"README or docs/ name tools that do not exist: {missing}"
 
 
 # Third-party modules the packages may import only behind an optional extra (or the
@@ -161,12 +167,15 @@ def test_every_imported_package_is_declared():
 
 
 def test_the_wheel_leaves_out_the_tools_and_the_records():
-    """Only the notebooks and the GPU specs the plan compiles for ride along as package
-    data: the tools, the run records and RESULTS.md run and stay in a checkout."""
+    """Only the notebooks, the GPU specs the plan compiles for and the chat templates the
+    code reads ride along as package data: the tools, the run records and RESULTS.md run
+    and stay in a checkout."""
     setuptools_config = _pyproject()["tool"]["setuptools"]
     assert setuptools_config.get("include-package-data") is False
     assert setuptools_config["package-data"] == {
-        "experiments": ["notebooks/*.ipynb", "plan/gpu_specs/*.txtpb"]}
+        "experiments": ["notebooks/*.ipynb", "plan/gpu_specs/*.txtpb", "hf/qwen3vl/*.jinja"]}
+    templates = sorted(p.name for p in (ROOT / "experiments/hf/qwen3vl").glob("*.jinja"))
+    assert templates == ["qwen3_vl_chat_template.jinja"]
     specs = sorted(p.stem for p in (ROOT / "experiments/plan/gpu_specs").glob("*.txtpb"))
     assert specs == ["a100", "h100", "h200", "h800"]
     assert "experiments.tools*" in setuptools_config["packages"]["find"]["exclude"]

@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.analysis.vlm import _jit_forward_aux
-from experiments.vlm.tiny.data import encode
 from experiments.vlm.emoji import CAPTION_PROMPT
 from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 from experiments.vlm.emoji.emoji_scenes import caption, position_name
+from experiments.vlm.tiny.data import encode
 
 
 def _rows(scenes):

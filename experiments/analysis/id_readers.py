@@ -34,8 +34,8 @@ negative), the mean per target level, the excess AP retained
 rho = (AP_ID - AP_N) / (AP_H - AP_N), and a permutation test: the reference
 signatures are permuted among reference DOCUMENTS within nuisance strata (per
 stratum a bijection that keeps each file's signatures together), the ID reader
-is rerun on `perm_queries` of the queries (`PermutedHammingKnn`: distances
-once, a gather per permutation), p = (1 + #{null >= observed}) / (1 + n_perm).
+is rerun on `perm_queries` of the queries (id_permutation.py, `PermutedHammingKnn`:
+distances once, a gather per permutation), p = (1 + #{null >= observed}) / (1 + n_perm).
 `perm_strata="nuisance_byte"` permutes within nuisance stratum x current byte
 instead: the null is then "the codes carry nothing beyond the position and
 the byte itself"; `perm_movable` is the share of reference positions whose
@@ -51,12 +51,18 @@ import time
 import numpy as np
 
 from experiments.analysis import knn, stats
+from experiments.analysis.id_permutation import (
+    PERM_STRATA,  # noqa: F401  (id_knn's perm_strata values, which analyze checks first)
+    PermutedHammingKnn,
+    movable_share,
+    permutation_strata,
+    stratum_document_permutation,
+)
 from experiments.analysis.rho_bootstrap import bootstrap_rho
 
 READERS = ("H_model", "Q_route", "ID", "nuisance", "surface", "surface_byte")
 SURFACE_READERS = ("surface", "surface_byte")   # == rho_bootstrap.SURFACE_READERS
 TABLE_READERS = ("nuisance",) + SURFACE_READERS
-PERM_STRATA = ("nuisance", "nuisance_byte")
 KNN_METRIC = {"H_model": "cosine", "ID": "hamming"}   # Q_route: the `z_metric` argument
 
 # Lngram v2 paper, Table 1 (Keye2B + Lngram v2 on COCO; layers 1 and 13).
@@ -224,54 +230,26 @@ def reader_scores(ref, held, q_idx, layer: int, reader: str, *, k: int = 10,
   return knn_scores(knn_indices(ref, held, q_idx, layer, reader, k=k, z_metric=z_metric), ref)
 
 
-def stratum_document_permutation(strata_P: np.ndarray, docs_P: np.ndarray,
-                                 rng: np.random.Generator) -> np.ndarray:
-  """int [P]: src, so that position i takes the signature of position src[i].
-
-  Within each stratum, the documents are put in a random order and the
-  positions of the stratum, listed document by document, take the signatures
-  of the same list in the shuffled document order: a bijection inside every
-  stratum under which each file's signatures stay together (they land on one
-  or a few other files), so within-file correlation survives the shuffle.
-  """
-  strata = np.asarray(strata_P)
-  docs = np.asarray(docs_P)
-  order = np.arange(len(docs))
-  u = rng.random(int(docs.max()) + 1 if len(docs) else 0)
-  a = np.lexsort((order, docs, strata))
-  b = np.lexsort((order, docs, u[docs], strata))
-  src = np.empty(len(docs), np.int64)
-  src[a] = b
-  return src
-
-
-def permutation_strata(records, kind: str = "nuisance") -> np.ndarray:
-  """int64 [P]: the cells the permutation test moves signatures within."""
-  if kind not in PERM_STRATA:
-    raise ValueError(f"perm_strata={kind!r} is not one of {PERM_STRATA}.")
-  strata = np.asarray(records.nuisance, np.int64)
-  if kind == "nuisance_byte":   # x the current byte (a token run's: token id)
-    current = np.asarray(records.surface, np.int64)[:, 0]
-    width = max(257, int(current.max(initial=0)) + 2)   # 257 for bytes, wider for tokens
-    strata = strata * width + (current + 1)
-  return strata
-
-
-def movable_share(strata_P: np.ndarray, docs_P: np.ndarray) -> float:
-  """Share of positions whose cell holds two or more documents (the ones a
-  within-cell document permutation can move)."""
-  if len(strata_P) == 0:
-    return float("nan")
-  pairs = np.unique(np.stack([np.asarray(strata_P, np.int64), np.asarray(docs_P, np.int64)]),
-                    axis=1)
-  cells, n_docs = np.unique(pairs[0], return_counts=True)
-  many = cells[n_docs >= 2]
-  return float(np.isin(strata_P, many).mean())
-
-
 def level_means(scores: dict[str, np.ndarray], labels: dict) -> dict[str, float]:
   """level -> mean AP of `scores[level]` against `labels[level]` (names, bool [Q, Z])."""
   return {level: mean_ap(scores[level], labels[level][1]) for level in labels}
+
+
+def _rho_row(ap: dict, labels: dict) -> dict:
+  """A layer's rho of the ID and Q_route readers (against the nuisance reader and the best
+  surface reader) and whether its readers rank as the paper orders them, from its mean APs."""
+  best_surface = {lv: max(SURFACE_READERS, key=lambda r: -np.inf if not np.isfinite(
+      ap[r][lv]) else ap[r][lv]) for lv in labels}
+  return {
+      "rho": {lv: rho(ap["ID"][lv], ap["H_model"][lv], ap["nuisance"][lv]) for lv in labels},
+      "best_surface": best_surface,
+      "rho_surface": {lv: rho(ap["ID"][lv], ap["H_model"][lv], ap[best_surface[lv]][lv])
+                      for lv in labels},
+      "rho_q_route": {lv: rho(ap["Q_route"][lv], ap["H_model"][lv], ap["nuisance"][lv])
+                      for lv in labels},
+      "ordering": {lv: bool(ap["H_model"][lv] > ap["Q_route"][lv] > ap["ID"][lv]
+                            > ap["nuisance"][lv]) for lv in labels},
+  }
 
 
 def id_knn(ref, held, *, k: int = 10, max_queries: int | None = 2000, n_perm: int = 500,
@@ -329,19 +307,7 @@ def id_knn(ref, held, *, k: int = 10, max_queries: int | None = 2000, n_perm: in
         aps = jsonable(ap_per_concept(scores[level], lab))
         per_concept[reader][level] = dict(zip(names, aps, strict=True))
       _log(progress, f"layer {layer}: {reader} done ({time.time() - t0:.0f}s)")
-    best_surface = {lv: max(SURFACE_READERS, key=lambda r: -np.inf if not np.isfinite(
-        ap[r][lv]) else ap[r][lv]) for lv in labels}
-    row = {
-        "ap": ap, "ap_per_concept": per_concept,
-        "rho": {lv: rho(ap["ID"][lv], ap["H_model"][lv], ap["nuisance"][lv]) for lv in labels},
-        "best_surface": best_surface,
-        "rho_surface": {lv: rho(ap["ID"][lv], ap["H_model"][lv], ap[best_surface[lv]][lv])
-                        for lv in labels},
-        "rho_q_route": {lv: rho(ap["Q_route"][lv], ap["H_model"][lv], ap["nuisance"][lv])
-                        for lv in labels},
-        "ordering": {lv: bool(ap["H_model"][lv] > ap["Q_route"][lv] > ap["ID"][lv]
-                              > ap["nuisance"][lv]) for lv in labels},
-    }
+    row = {"ap": ap, "ap_per_concept": per_concept, **_rho_row(ap, labels)}
     if n_boot > 0:
       row["bootstrap"] = bootstrap_rho(all_scores, labels, np.asarray(held.file_ids)[q_idx],
                                        n_boot=n_boot, seed=seed)
@@ -355,52 +321,6 @@ def id_knn(ref, held, *, k: int = 10, max_queries: int | None = 2000, n_perm: in
     result["layers"][str(layer)] = jsonable(row)
   result["seconds"] = round(time.time() - t0, 2)
   return result
-
-
-class PermutedHammingKnn:
-  """`knn.distinct_doc_knn(..., "hamming")` of fixed queries against permuted reference codes.
-
-  A permutation only reorders the reference codes (position j gets the codes
-  of src[j]), so the query-reference distances are computed once and each
-  permutation is a column gather, a per-document minimum of the key
-  distance·P + index (the (distance, reference index) order of `knn`) and a
-  top-k over documents: the permutation test's inner loop without a search.
-  Memory: Q·P int32 (int64 for very large P).
-  """
-
-  def __init__(self, query_codes_QxR, ref_codes_PxR, query_docs, ref_docs, k: int,
-               n_codes: int):
-    q = np.asarray(query_codes_QxR, np.int64)
-    r = np.asarray(ref_codes_PxR, np.int64)
-    eye = np.eye(n_codes, dtype=np.float32)
-    F = q.shape[1] * n_codes
-    same = eye[q].reshape(len(q), F) @ eye[r].reshape(len(r), F).T   # routes that agree
-    P = len(r)
-    dtype = np.int32 if (q.shape[1] + 1) * P < np.iinfo(np.int32).max else np.int64
-    # [P, Q]: a permutation gathers whole rows (contiguous), cheaper than columns.
-    self.dist_PxQ = np.ascontiguousarray((q.shape[1] - np.rint(same)).T.astype(dtype))
-    ref_docs = np.asarray(ref_docs)
-    self.order = np.argsort(ref_docs, kind="stable")   # documents contiguous, index order kept
-    sorted_docs = ref_docs[self.order]
-    self.starts = np.flatnonzero(np.r_[True, sorted_docs[1:] != sorted_docs[:-1]])
-    self.own_QxN = np.asarray(query_docs)[:, None] == sorted_docs[self.starts][None, :]
-    self.k = k
-
-  def __call__(self, src_P: np.ndarray | None = None) -> np.ndarray:
-    """int [Q, k]: neighbours when reference position j carries the codes of src[j]."""
-    P = len(self.order)
-    rows = self.order if src_P is None else np.asarray(src_P)[self.order]
-    key_PxQ = self.dist_PxQ[rows]
-    key_PxQ *= P
-    key_PxQ += self.order[:, None].astype(key_PxQ.dtype)
-    best_QxN = np.minimum.reduceat(key_PxQ, self.starts, axis=0).T
-    none = np.iinfo(best_QxN.dtype).max
-    best_QxN[self.own_QxN] = none
-    kk = min(self.k, best_QxN.shape[1])
-    top = np.sort(np.partition(best_QxN, kk - 1, axis=1)[:, :kk], axis=1)
-    idx = np.full((len(best_QxN), self.k), -1, np.int64)
-    idx[:, :kk] = np.where(top == none, -1, top % P)
-    return idx
 
 
 def _permutation_test(ref, held, q_idx, layer, labels, *, k, n_perm, seed, progress,

@@ -204,16 +204,7 @@ def analyze_lm(workdir, *, restore, which=LM_ANALYSES, step: int | None = None,
 def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_reference,
                 max_queries, n_perm, n_docs, windows_per_doc, n_boot, stability_steps,
                 progress, dedup, max_file_share, perm_strata, n_rho_boot) -> dict:
-  from experiments.analysis import (
-      associations,
-      distributed,
-      id_readers,
-      injection,
-      probe,
-      stability,
-      utilisation,
-  )
-  from experiments.trainer.checkpoint import run_checkpointer
+  from experiments.analysis import probe
 
   model, saved, step = restore(step)
   if saved.get("kind", "lm") != "lm":
@@ -227,7 +218,7 @@ def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_r
   log.info("analyze %s: checkpoint step %d, analyses %s", workdir, step, ",".join(which))
   results, modules, t0 = {}, {}, time.time()
 
-  ref = held = corpus = None
+  corpus = None
   if set(which) & set(RECORD_ANALYSES):
     ref, held, corpus = collect(model, config, max_positions=max_positions, seed=seed,
                                 n_reference=n_reference, progress=progress, out_dir=out_dir,
@@ -237,6 +228,33 @@ def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_r
              "skipped) in %.0fs", ref.num_positions, held.num_positions, ref.skipped_files,
              held.skipped_files, time.time() - t0)
     which = _without_empty_records(which, ref, held)
+    _record_analyses(results, modules, which, ref, held, max_queries=max_queries, seed=seed,
+                     n_perm=n_perm, progress=progress, perm_strata=perm_strata,
+                     n_rho_boot=n_rho_boot)
+  if {"stability", "injection"} & set(which):
+    windows = _windows(workdir, config, model, corpus, n_docs=n_docs,
+                       windows_per_doc=windows_per_doc, seed=seed)
+    _window_analyses(results, modules, which, workdir, restore, model, step, windows,
+                     n_boot=n_boot, seed=seed, stability_steps=stability_steps)
+
+  protocol = {"version": RECORD_PROTOCOL, "dedup": bool(dedup),
+              "max_file_share": max_file_share, "perm_strata": perm_strata,
+              "n_rho_boot": n_rho_boot}
+  for name in which:
+    if name in RECORD_ANALYSES:
+      results[name] = {**results[name], "protocol": protocol}
+    results[name] = {**results[name], "source": src}
+    write_result(out_dir, name, results[name], modules[name], source=src)
+  log.info("analyze: wrote %s (.json, .md, .png) into %s in %.0fs", ",".join(which), out_dir,
+           time.time() - t0)
+  return results
+
+
+def _record_analyses(results: dict, modules: dict, which, ref, held, *, max_queries, seed,
+                     n_perm, progress, perm_strata, n_rho_boot) -> None:
+  """The analyses of the position records (RECORD_ANALYSES in `which`), into `results`
+  and `modules` (each result's module, whose `markdown` writes its table)."""
+  from experiments.analysis import associations, distributed, id_readers, utilisation
   if "utilisation" in which:
     results["utilisation"], modules["utilisation"] = utilisation.utilisation(ref, held), utilisation
   if "id_knn" in which or "distributed" in which:
@@ -255,18 +273,29 @@ def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_r
                                                      seed=seed, readers=readers)
     modules["distributed"] = distributed
 
-  windows = None
-  if {"stability", "injection"} & set(which):
-    if corpus is None:
-      from experiments.analysis import token_docs
-      if token_docs.is_token_run(workdir, config):   # its validation documents' tokens
-        corpus = token_docs.TokenRunData(workdir, config)
-      else:
-        from experiments.data.corpus import corpus_spec, load_corpus
-        corpus = load_corpus(corpus_spec(config))
-    seq_len = min(int(config.data.seq_len), model.config.max_len)
-    windows = probe.file_windows(corpus.val_docs, seq_len=seq_len, max_docs=n_docs,
-                                 windows_per_doc=windows_per_doc, seed=seed)
+
+def _windows(workdir: Path, config, model, corpus, *, n_docs, windows_per_doc, seed):
+  """The held-out windows stability and injection run (the records' corpus when they
+  read one; a token run's validation documents' tokens)."""
+  from experiments.analysis import probe
+  if corpus is None:
+    from experiments.analysis import token_docs
+    if token_docs.is_token_run(workdir, config):   # its validation documents' tokens
+      corpus = token_docs.TokenRunData(workdir, config)
+    else:
+      from experiments.data.corpus import corpus_spec, load_corpus
+      corpus = load_corpus(corpus_spec(config))
+  seq_len = min(int(config.data.seq_len), model.config.max_len)
+  return probe.file_windows(corpus.val_docs, seq_len=seq_len, max_docs=n_docs,
+                            windows_per_doc=windows_per_doc, seed=seed)
+
+
+def _window_analyses(results: dict, modules: dict, which, workdir: Path, restore, model,
+                     step: int, windows, *, n_boot, seed, stability_steps) -> None:
+  """stability (between kept checkpoints up to `step`) and injection over `windows`,
+  into `results` and `modules`."""
+  from experiments.analysis import injection, stability
+  from experiments.trainer.checkpoint import run_checkpointer
   if "stability" in which:
     with run_checkpointer(workdir, async_save=False, create=False) as ckpt:
       steps = [s for s in ckpt.all_steps() if s <= step]
@@ -292,15 +321,3 @@ def _analyze_lm(workdir: Path, restore, which, step, *, max_positions, seed, n_r
   if "injection" in which:
     results["injection"] = injection.injection(model, windows, progress=_progress("injection"))
     modules["injection"] = injection
-
-  protocol = {"version": RECORD_PROTOCOL, "dedup": bool(dedup),
-              "max_file_share": max_file_share, "perm_strata": perm_strata,
-              "n_rho_boot": n_rho_boot}
-  for name in which:
-    if name in RECORD_ANALYSES:
-      results[name] = {**results[name], "protocol": protocol}
-    results[name] = {**results[name], "source": src}
-    write_result(out_dir, name, results[name], modules[name], source=src)
-  log.info("analyze: wrote %s (.json, .md, .png) into %s in %.0fs", ",".join(which), out_dir,
-           time.time() - t0)
-  return results

@@ -21,8 +21,8 @@ from flax import nnx
 
 from experiments.analysis import output
 from experiments.models.generate import completion_mask, generate
-from experiments.vlm.tiny.data import EOS, LENGTH_GROUPS, decode, item_correct, length_group
 from experiments.vlm.emoji.rewards import accuracy_reward, reward
+from experiments.vlm.tiny.data import EOS, LENGTH_GROUPS, decode, item_correct, length_group
 
 
 def fit_inverse(t, y) -> dict:

@@ -9,7 +9,8 @@ seconds: before a checkpoint is restored, a corpus read or a step compiled.
                                   against this machine's devices
   check_train_config(config)      the job's check: the numbers and the model config
                                   (its dtypes, widths), optionally against a memory
-                                  limit
+                                  limit; the train.wandb_* fields (the run's one check
+                                  of them)
   leave_no_trace(workdir)         a run refused before it trained leaves none of
                                   the files it created (the directory, its lock,
                                   a lone corpus manifest)
@@ -69,7 +70,8 @@ def check_train_config(config, *, max_memory: str | None = None):
   from experiments.jobs import job_of
   from experiments.jobs.checks import check_memory, parse_bytes
   from experiments.trainer.writers import check_wandb
-  check_wandb(config.get("train") or {})   # train.wandb_project without the wandb package
+  # Once per run, here: the trainer makes the W&B run without checking them again.
+  check_wandb(config.get("train") or {})
   job = job_of(config)
   checked = job.check(config)
   if config.get("plan_devices"):   # e.g. experiments/configs/hf_lngram.py: the plan for N

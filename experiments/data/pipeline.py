@@ -7,24 +7,26 @@ row order of epoch e are permutations drawn from numpy's generator seeded with
 read through a grain iterator, whose state (the next batch index) is saved in
 every checkpoint: restoring it resumes at exactly the next batch.
 
-Token data (experiments/data/tokens/rows.py) reads its rows through the same two
-builders, `batch_iterator` (training) and `fixed_batches` (validation). This is the
-only module that imports grain; restoring a model does not need it.
+`BatchStream` is what both training iterators share: the grain iterator, the
+resumable state (the next batch index beside a fingerprint of the stream's settings)
+and the check that a saved state belongs to this stream. `TrainIterator` (byte
+corpora, here) and `TokenBatches` (token data, experiments/data/tokens/rows.py) are
+its two kinds; validation rows of both go through `fixed_batches`. This is the only
+module that imports grain, and only when a pipeline is built: restoring a model and
+reading a corpus do not need it.
 """
 
 from __future__ import annotations
 
 import functools
 
-import grain
 import numpy as np
 
 from experiments.data.corpus import Corpus
 from experiments.data.packing import epoch_order, num_rows, pack_row
 
 # Length of the (lazy) training source in epochs: far more than any run reads.
-_EPOCHS = 100_000
-_STATE_VERSION = 1
+EPOCHS = 100_000
 
 
 class PackedRows:
@@ -69,6 +71,8 @@ def batch_iterator(source, *, batch_size: int, rows: tuple[int, int] | None, pre
   batches. Either way the iterator's state (`get_state`/`set_state`) is the index of the
   next global batch, so a state resumes under any split of the rows. `prefetch` batches
   are read ahead by one thread (0: read on demand, in the caller's thread)."""
+  import grain
+
   dataset = grain.MapDataset.source(source)
   if rows is not None:
     a, b = rows
@@ -90,6 +94,8 @@ def fixed_batches(source, *, batch_size: int, max_batches: int) -> list[dict]:
   """The first rows of `source` in index order, as at most `max_batches` batches; a last
   partial batch is padded with all-zero rows (loss_mask 0), so every batch has one shape
   (one compiled eval step)."""
+  import grain
+
   n = min(len(source), max_batches * batch_size)
   dataset = grain.MapDataset.source(source)[:n].batch(batch_size, drop_remainder=False)
   batches = []
@@ -102,25 +108,28 @@ def fixed_batches(source, *, batch_size: int, max_batches: int) -> list[dict]:
   return batches
 
 
-class TrainIterator:
-  """Endless training batches with a JSON-serialisable, exactly resumable state."""
+class BatchStream:
+  """Endless training batches of a random-access row source (global row k at index k)
+  with a JSON-serialisable, exactly resumable state.
 
-  def __init__(self, corpus: Corpus, *, seq_len: int, batch_size: int, seed: int,
-               prefetch: int = 4, rows: tuple[int, int] | None = None,
-               allow_corpus_change: bool = False):
-    """`rows=(a, b)`: only rows a..b-1 of every `batch_size`-row batch (one process's part
-    of the global batch, read by that process alone); None: whole batches. The state
-    counts batches, so it resumes under any split of the rows.
-    `allow_corpus_change`: a saved state of another file list resumes at its batch
-    count over this corpus's stream (`data.allow_corpus_change`); otherwise refused."""
-    self.allow_corpus_change = allow_corpus_change
-    self.source = PackedRows(corpus.train_docs, seq_len, seed=seed, epochs=_EPOCHS)
-    self.fingerprint = {
-        "file_list_sha256": corpus.manifest["file_list_sha256"],
-        "seq_len": seq_len, "batch_size": batch_size, "seed": seed,
-    }
-    self._iter = batch_iterator(self.source, batch_size=batch_size, rows=rows,
-                                prefetch=prefetch)
+  The state is the grain iterator's (the index of the next global batch) beside the
+  `fingerprint` of the stream's settings; a state whose fingerprint differs is refused
+  (`error`, naming both), except its `data_key` entry (which data) when
+  `allow_data_change` is set: the stream's settings may not differ, the data may. A
+  kind of stream sets the class attributes; `_grain_state` reads a saved state."""
+
+  data_key: str = ""       # the fingerprint's entry naming the data (files, shards)
+  what: str = "data"       # the data, as the refusal names it
+  error: type[Exception] = ValueError
+  state_version: int = 1
+
+  def __init__(self, source, *, fingerprint: dict, batch_size: int,
+               rows: tuple[int, int] | None, prefetch: int, allow_data_change: bool):
+    self.source = source
+    self.fingerprint = fingerprint
+    self.allow_data_change = allow_data_change
+    self._iter = batch_iterator(source, batch_size=batch_size, rows=rows, prefetch=prefetch,
+                                name=type(self).__name__)
 
   @property
   def rows_per_epoch(self) -> int:
@@ -130,20 +139,51 @@ class TrainIterator:
     return self
 
   def __next__(self) -> dict:
+    # Global row k: the epochs repeat with fresh permutations, without end.
     return next(self._iter)
 
   def get_state(self) -> dict:
-    return {"version": _STATE_VERSION, "grain": self._iter.get_state(), **self.fingerprint}
+    return {"version": self.state_version, "grain": self._iter.get_state(),
+            **self.fingerprint}
 
   def set_state(self, state: dict) -> None:
     saved = {k: state.get(k) for k in self.fingerprint}
-    if self.allow_corpus_change:   # the corpus may differ; the stream's settings may not
-      saved["file_list_sha256"] = self.fingerprint["file_list_sha256"]
+    if self.allow_data_change:   # the data may differ; the stream's settings may not
+      saved[self.data_key] = self.fingerprint[self.data_key]
     if saved != self.fingerprint:
-      raise ValueError(
-          "the checkpoint's data iterator was made for different data: saved "
+      raise self.error(
+          f"the checkpoint's data iterator was made for different {self.what}: saved "
           f"{saved}, now {self.fingerprint}; resuming would not continue the same stream.")
-    self._iter.set_state(state["grain"])
+    self._iter.set_state(self._grain_state(state))
+
+  def _grain_state(self, state: dict) -> dict:
+    """The grain iterator's state in a saved state."""
+    return state["grain"]
+
+
+class TrainIterator(BatchStream):
+  """Endless training batches of a byte corpus with an exactly resumable JSON state."""
+
+  data_key = "file_list_sha256"
+
+  def __init__(self, corpus: Corpus, *, seq_len: int, batch_size: int, seed: int,
+               prefetch: int = 4, rows: tuple[int, int] | None = None,
+               allow_corpus_change: bool = False):
+    """`rows=(a, b)`: only rows a..b-1 of every `batch_size`-row batch (one process's part
+    of the global batch, read by that process alone); None: whole batches. The state
+    counts batches, so it resumes under any split of the rows.
+    `allow_corpus_change`: a saved state of another file list resumes at its batch
+    count over this corpus's stream (`data.allow_corpus_change`); otherwise refused."""
+    super().__init__(
+        PackedRows(corpus.train_docs, seq_len, seed=seed, epochs=EPOCHS),
+        fingerprint={"file_list_sha256": corpus.manifest["file_list_sha256"],
+                     "seq_len": seq_len, "batch_size": batch_size, "seed": seed},
+        batch_size=batch_size, rows=rows, prefetch=prefetch,
+        allow_data_change=allow_corpus_change)
+
+  @property
+  def allow_corpus_change(self) -> bool:
+    return self.allow_data_change
 
 
 def eval_batches(corpus: Corpus, *, seq_len: int, batch_size: int, max_batches: int) -> list:

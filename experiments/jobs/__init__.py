@@ -6,10 +6,12 @@ and `restore`.
     make_task(config, workdir, mesh)  the task alone
     job_of(config), job(name)     a job's hooks (registry.py: which job a config is, and
                                   what every job provides)
-    lm/, vlm/, qwen3vl/           each job: its hooks (`__init__`), its task and helpers
+    lm/, vlm/, qwen3vl/           each job: its hooks (`__init__`), its task and helpers,
+                                  its plan hooks (planning.py)
+    abstract.py                   AbstractRun: what a planner hands `lngram-exp plan`
     init_from.py                  copying weights from an earlier run
     metrics.py                    the memory branches' metrics protocol
-    checks.py                     checks before anything is built
+    checks.py                     checks before anything is built (every job's)
     restore.py                    restore(workdir) -> (model, config)
     saved.py                      the config a checkpoint records, and the resume check
 """

@@ -68,13 +68,12 @@ def _is_number(value) -> bool:
 def check_blocks(config) -> None:
   """Refuses a config without a block its job reads, in one line (a config file that
   builds its ConfigDict by hand may leave one out). The VLM stages check their own."""
-  from experiments.jobs.registry import job_name, job_of
+  from experiments.jobs.registry import job_of
   blocks = job_of(config).BLOCKS
   missing = [b for b in blocks if b not in config]
   if missing:
-    what = "an LM" if job_name(config) == "lm" else f"a {job_name(config)}"
     raise ValueError(f"the config has no {', '.join(missing)} block"
-                     f"{'s' if len(missing) > 1 else ''}: {what} config holds "
+                     f"{'s' if len(missing) > 1 else ''}: {job_of(config).A_CONFIG} holds "
                      f"{', '.join(blocks)} (start from experiments/configs/base.py's "
                      "base_config()).")
 
@@ -83,7 +82,8 @@ def check_experiment_config(config) -> None:
   """Rejects numbers a run cannot use (steps <= 0, a negative LR, ...), naming the field.
 
   Fields a config does not have are skipped (the LM and VLM configs differ);
-  the model block is checked by its own config class (`lm_config`, `vlm_config`).
+  the model block is checked by its own config class (`lm_config`, `vlm_config`), and
+  what only one job's config holds by that job's `check` (experiments/jobs/<job>/).
   """
   check_blocks(config)
   for field, (ok, what) in _CHECKS.items():
@@ -93,10 +93,6 @@ def check_experiment_config(config) -> None:
     value = config[block][name]
     if not ok(value):
       raise ValueError(f"{field}={value!r} must be {what}.")
-  if "vlm" not in config and "qwen3vl" not in config and "model" in config and "data" in config:
-    seq_len, max_len = config.data.get("seq_len"), config.model.get("max_len")
-    if isinstance(max_len, int) and seq_len > max_len:
-      raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={max_len}.")
 
 
 # --- memory estimate ----------------------------------------------------------------------

@@ -7,9 +7,10 @@ saved run by the "kind" its checkpoint's config JSON records.
 
 Each job is a package `experiments/jobs/<name>/` whose `__init__` holds the job's hooks
 (importing nothing heavy at module level, so `restore` needs neither grain nor the
-data stack):
+data stack); adding a job is one such package and its name in JOBS:
 
   BLOCKS                        the config blocks the job cannot run without
+  A_CONFIG                      how a refusal names the job's config ("an LM config")
   check(config) -> Checked      every one-line refusal of the job's config, and the model
                                 config built from it: once per run (`make_task` takes it)
   make_task(checked, workdir, mesh) -> Task      the task the trainer runs
@@ -19,7 +20,20 @@ data stack):
                                 `plan_devices` (None: the job has none)
   param_bytes(checked) -> int | None   bytes of the model's parameters from shapes (None:
                                 the checkpoint sets the size; no machine-memory check)
-  summary(result) -> str        the line `lngram-exp train` ends with
+  summary(checked, result) -> str      the line `lngram-exp train` ends with
+  planner() -> module | None    the job's plan hooks, imported when asked (None: the job
+                                is not planned; `lngram-exp plan` refuses in one line):
+      check_mesh(config, sizes)            refuses a mesh the config cannot use
+      abstract_run(config, mesh)           (AbstractRun, model config, geometry): the
+                                           step and its state from shapes alone
+                                           (experiments/jobs/abstract.py)
+      counts(config, run, mc, geo, devices, token_shards)   parameters and FLOPs by
+                                           formula, the activation estimate, the rows
+  analyze(workdir, restore, *, which, step, **options) -> str   runs the analyses of a
+                                run of the job (`lngram-exp analyze`; `restore` restores
+                                its checkpoints, `options` are the job's analyze flags)
+                                and returns the line the command prints; a job whose
+                                runs no analysis reads refuses in one line
 """
 
 from __future__ import annotations

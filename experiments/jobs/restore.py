@@ -1,10 +1,12 @@
-"""`restore(workdir)`: rebuild a trained model (LM or VLM) from its checkpoint alone.
+"""`restore(workdir)`: rebuild a trained model (LM, tiny VLM or Qwen3-VL) from its
+checkpoint alone.
 
 The notebook entry point (`from experiments import restore`). The model
 config comes from the checkpoint's JSON, so no config file or command line is
-needed; parameters land on one CPU device whatever trained them. Follows the
-flax recipe: `nnx.eval_shape` for an abstract module, orbax restore into its
-abstract parameter state, `nnx.merge`. Needs neither grain nor an optimizer.
+needed; the module is its job's `build(saved, rngs)` (experiments/jobs/registry.py);
+parameters land on one device (default the first CPU device) whatever trained them.
+Follows the flax recipe: `nnx.eval_shape` for an abstract module, orbax restore into
+its abstract parameter state, `nnx.merge`. Needs neither grain nor an optimizer.
 
 A run may train a wrapper around its model (the stage-0 `CellPretrainer`
 adds a classifier head); the saved config says so (`trained`), the whole
@@ -98,8 +100,8 @@ def restore(workdir, step: int | None = None, *, device=None, log_file=None):
     log_file: a file of yours for the full text of read failures (default none).
 
   Returns:
-    model: a `DecoderLM` (LM runs) or a `VLM` (VLM runs) with the trained
-      parameters.
+    model: a `DecoderLM` (LM runs), a `VLM` (tiny-VLM runs) or a `Qwen3VL`
+      (Qwen3-VL runs) with the trained parameters.
     config: the run's experiment config (ml_collections.ConfigDict); the
       model config is `model.config`, and `config.restored_step` is the
       checkpoint step actually restored (the newest VALID one when `step` is

@@ -3,8 +3,9 @@
 Modules: `layers` (RMSNorm, RoPE, SwiGLU, embedding), `attention` (GQA with a
 KV cache), `branches` (the slot-branch protocol, `BranchContext`, the
 registry and the Lngram / PVM / MLP branches), `cache` (`LayerCache`,
-`DecodeCache`), `config` (`LMConfig`, `lm_config`), `lm` (`Block`,
-`DecoderLM`), `generate` (one sampler for the LM and the VLM), `moe/` (the MoE
+`DecodeCache`), `config` (`LMConfig`, `lm_config`), `block` (`Block`, the
+decoder block), `lm` (`DecoderLM`), `layer_scan` (`scan=True`'s stacked runs of
+blocks), `generate` (one sampler for every model), `moe/` (the MoE
 FFN of `LMConfig.moe_layers`: the layer, its expert-parallel dispatch, the
 exchange and the per-token reference).
 

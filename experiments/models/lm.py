@@ -1,45 +1,40 @@
-"""The decoder block, defined once, and the decoder-only LM that runs it in every mode.
+"""The decoder-only LM that runs the one decoder block (experiments/models/block.py) in every mode.
 
-Per block (pre-norm; x the residual stream):
-
-    x = x + memory(x)                          memory slot, at config.memory_layers
-    x = x + Attention(RMSNorm(x))              GQA, RoPE, causal, segment-aware
-    x = x + SwiGLU(RMSNorm(x)) + ffn_branch(x) beside-FFN slot, at config.ffn_branch_layers
-
-The memory slot holds Lngram v2 (paper §2.4: its delta enters before the
-layer's attention); the beside-FFN slot holds PVM or the iso-parameter MLP,
-reading the post-attention x. Branches implement the protocol of
-experiments/models/branches.py, so one `Block.__call__` serves the three modes:
-
-    parallel  the training / scoring forward over whole rows;
-    prefill   the parallel forward over right-padded prompts that also returns
-              each layer's `LayerCache` (K, V and the branch decode states);
-    decode    one token per row against the cache.
+`DecoderLM` embeds token ids, runs its blocks and projects to float32 logits, in
+the block's modes: the parallel forward (`__call__`, `forward_embedded`: training
+and scoring), `prefill` / `prefill_embedded` (right-padded prompts; returns the
+`DecodeCache`) and `decode_step` (one token per row). It draws every backbone
+parameter first, then the beside-FFN branches, then the memory branches, then the
+LoRA factors (`config.lora`), so one seed gives every arm the same backbone;
+`config.remat` recomputes each block in the backward (experiments/models/remat.py).
 
 Packed rows carry `segment_ids`: attention, the Lngram windows and its conv
 never cross a segment boundary, and positions restart at every segment.
 `valid` marks real tokens (padding reads nothing and the Lngram delta is 0
-there). Logits are float32. Qwen3-VL (experiments/vlm/qwen3vl/) passes multimodal
-positions [3, B, T] (`LMConfig.mrope_section`) and per-layer `layer_adds` (its
-DeepStack features) to `forward_embedded` / `prefill_embedded`.
+there). Qwen3-VL (experiments/vlm/qwen3vl/) passes multimodal positions
+[3, B, T] (`LMConfig.mrope_section`) and per-layer `layer_adds` (its DeepStack
+features) to `forward_embedded` / `prefill_embedded`; the VLMs feed embeddings
+(`*_embedded`) and decode through `decode_step`.
 
 `DecoderLM(config, scan=True)` draws the same weights, then stacks each run of
-two or more blocks without a branch into one `Block` whose parameters carry a
-leading layer axis, and runs that run as one `jax.lax.scan` in every mode: a
-program then compiles a few block bodies instead of n_layers (the 28-layer
-efficiency benchmark). `blocks[k]` covers the layers `layer_spans[k]`; the
-cache holds one `LayerCache` per entry, stacked likewise. Parameter paths
-differ from the unrolled model's, so checkpoints and the trainer use
-`scan=False`. Decode is slower scanned. A scanned span reads each layer's K/V
-slice as a scanned input, attends to the new token's key beside it
-(`Attention.decode_rows`) and returns only the token's K/V rows, written into
-the stacks after the scan; XLA still materialises each layer's K/V slice and
-weights out of the stacks (dynamic slices), which the unrolled model reads in
-place. At 28 layers, B 1, a 2,048-token cache on CPU (d 128, float32) a token
-takes 1.3-1.9x the unrolled model's time (`experiments.tools.bench.scan_decode`).
-Carrying the stacks through the scan instead copied both whole stacks at every
-layer: 2.3-2.6x on CPU, 1.8x at the 28 x d 2048 shape on an H200. Prefill is
-not affected. Time decode, and generate, with `scan=False`.
+two or more blocks without a branch (and of one FFN kind) into one `Block` whose
+parameters carry a leading layer axis, and runs that run as one `jax.lax.scan` in
+every mode (experiments/models/layer_scan.py): a program then compiles a few
+block bodies instead of n_layers (the Table 12 benchmark,
+experiments/tools/bench/lm_efficiency.py). `blocks[k]` covers the layers
+`layer_spans[k]`; the cache holds one `LayerCache` per entry, stacked likewise.
+Parameter paths differ from the unrolled model's, so checkpoints and the trainer
+use `scan=False`. Decode is slower scanned. A scanned span reads each layer's K/V
+slice as a scanned input, attends to the new token's key beside it (the block's
+"decode_rows" mode, `Attention.decode_rows`) and returns only the token's K/V
+rows, written into the stacks after the scan; XLA still materialises each
+layer's K/V slice and weights out of the stacks (dynamic slices), which the
+unrolled model reads in place. At 28 layers, B 1, a 2,048-token cache on CPU
+(d 128, float32) a token takes 1.3-1.9x the unrolled model's time
+(`experiments.tools.bench.scan_decode`). Carrying the stacks through the scan
+instead copied both whole stacks at every layer: 2.3-2.6x on CPU, 1.8x at the
+28 x d 2048 shape on an H200. Prefill is not affected. Time decode, and
+generate, with `scan=False`.
 
 Parameter paths (stable; optimiser groups and trainable masks use them):
 `embed/table`, `blocks/<i>/{memory,attn_norm,attn,mlp_norm,mlp,ffn_branch}/...`
@@ -49,220 +44,27 @@ Parameter paths (stable; optimiser groups and trainable masks use them):
 
 from __future__ import annotations
 
-import math
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.models import layout
-from experiments.models.attention import Attention
+from experiments.models.block import Block, Mode, lm_norm, parallel_block, parallel_block_remat
 from experiments.models.branches import BranchContext, make_branch
 from experiments.models.cache import DecodeCache, LayerCache
 from experiments.models.config import LMConfig
 from experiments.models.cross_entropy import chunked_token_nll
-from experiments.models.layers import Embedding, RMSNorm, SwiGLU, normal, segment_positions
+from experiments.models.generate import Prompt, last_logits, right_padded_prompt
+from experiments.models.layer_scan import layer_spans, scan_blocks, stack_blocks
+from experiments.models.layers import Embedding, normal, segment_positions
 from experiments.models.lora import LORA_STREAM, apply_lora
-from experiments.models.moe import MoEFFN
-from experiments.models.remat import recompute_after_cotangent
 from lngram_jax.layer import LngramV2
 
-Mode = Literal["parallel", "prefill", "decode", "decode_rows"]
-
-
-def _run_branch(branch, mode: Mode, x_BxTxD, ctx, state):
-  """(y, aux or state) of one slot branch in the given mode."""
-  if mode == "parallel":
-    return branch.forward(x_BxTxD, ctx)
-  if mode == "prefill":
-    return branch.prefill(x_BxTxD, ctx)
-  return branch.decode_step(x_BxTxD, state, ctx)
-
-
-def _norm(c: LMConfig) -> RMSNorm:
-  return RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype,
-                 scale_in_dtype=c.norm_scale_in_dtype)
-
-
-class Block(nnx.Module):
-  """One pre-norm decoder block with a memory slot and a beside-FFN slot.
-
-  `memory` and `ffn_branch` are attached by `DecoderLM` after every backbone
-  parameter is drawn (see there); a block built alone has neither.
-  """
-
-  def __init__(self, config: LMConfig, layer: int, *, rngs: nnx.Rngs):
-    # The slots are filled by DecoderLM, which knows their layers; `layer` picks
-    # the FFN (dense SwiGLU, or the mixture of experts at config.moe_layers).
-    c = config
-    out_std = c.init_std / math.sqrt(2 * c.n_layers)
-    self.memory = None
-    self.attn_norm = _norm(c)
-    self.attn = Attention(
-        d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
-        head_dim=c.head_dim, rope_theta=c.rope_theta, dtype=c.dtype,
-        param_dtype=c.param_dtype, init_std=c.init_std, out_std=out_std, rngs=rngs,
-        qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, rope_scaling=c.rope_scaling,
-        norm_eps=c.norm_eps, norm_scale_in_dtype=c.norm_scale_in_dtype,
-        mrope_section=c.mrope_section, mrope_interleaved=c.mrope_interleaved,
-        implementation=c.attention)
-    self.mlp_norm = _norm(c)
-    if layer in c.moe_layers:   # drawn where the dense FFN would be (experiments/models/moe/layer.py)
-      self.mlp = MoEFFN(c.moe, dtype=c.dtype, param_dtype=c.param_dtype, init_std=c.init_std,
-                        out_std=out_std, rngs=rngs)
-    else:
-      self.mlp = SwiGLU(c.d_model, c.ffn_dim, dtype=c.dtype, param_dtype=c.param_dtype,
-                        init_std=c.init_std, out_std=out_std, rngs=rngs)
-    self.ffn_branch = None
-    self.cache_dtype = c.dtype
-
-  def __call__(self, x_BxTxD, ctx: BranchContext, *, mode: Mode, positions_BxT,
-               cache: LayerCache | None = None, cache_len: int | None = None,
-               index_B=None, key_ok_BxS=None):
-    """One block in one mode.
-
-    parallel  -> (x, aux): aux {"memory/<name>", "ffn_branch/<name>"} and, with
-                 ctx.probe, "attn/probs" [B, Hq, T, T].
-    prefill   -> (x, LayerCache with `cache_len` slots); ctx.valid_BxT and
-                 ctx.lengths_B describe the prompt.
-    decode    -> (x_Bx1xD, next LayerCache); `cache` is this layer's, `index_B`
-                 the slot to write, `key_ok_BxS` the slots to read (new one marked).
-    decode_rows -> (x_Bx1xD, (k, v) rows [B, Hkv, Dh]): decode without writing
-                 `cache` (a scanned stack's slice); `key_ok_BxS` marks the slots to
-                 read besides the new token. Blocks without branches only.
-    """
-    if mode == "decode_rows":
-      if self.memory is not None or self.ffn_branch is not None:
-        raise ValueError("Block: mode 'decode_rows' is for blocks without branches.")
-      h_Bx1xD = self.attn_norm(x_BxTxD)
-      attn_Bx1xD, k_BxHkvxDh, v_BxHkvxDh = self.attn.decode_rows(
-          h_Bx1xD, positions_BxT, cache.k_BxSxHkvxDh, cache.v_BxSxHkvxDh, key_ok_BxS=key_ok_BxS)
-      x_BxTxD = x_BxTxD + attn_Bx1xD
-      return x_BxTxD + self._mlp(x_BxTxD, ctx, {}, mode), (k_BxHkvxDh, v_BxHkvxDh)
-    states = {"memory": None, "ffn_branch": None}
-    aux = {}
-
-    def branch(slot, x_BxTxD):
-      slot_ctx = ctx
-      if slot == "memory":
-        slot_ctx = ctx.replace(attn_norm_scale_D=self.attn_norm.scale[...])
-      with jax.named_scope(slot):   # names its operations (plan --explain_memory)
-        y_BxTxD, out = _run_branch(getattr(self, slot), mode, x_BxTxD, slot_ctx,
-                                   None if cache is None else getattr(cache, f"{slot}_state"))
-      if mode == "parallel":
-        aux.update({f"{slot}/{name}": v for name, v in out.items()})
-      else:
-        states[slot] = out
-      return y_BxTxD.astype(x_BxTxD.dtype)
-
-    if self.memory is not None:
-      x_BxTxD = x_BxTxD + branch("memory", x_BxTxD)
-    h_BxTxD = self.attn_norm(x_BxTxD)
-    if mode == "decode":
-      attn_BxTxD, k_cache, v_cache = self.attn.decode(
-          h_BxTxD, positions_BxT, cache.k_BxSxHkvxDh, cache.v_BxSxHkvxDh, index_B=index_B,
-          key_ok_BxS=key_ok_BxS)
-    else:
-      with jax.named_scope("attention"):
-        attn_BxTxD, extras = self.attn(
-            h_BxTxD, positions_BxT, segment_ids=ctx.segment_ids_BxT, valid=ctx.valid_BxT,
-            return_kv=True, return_probs=bool(ctx.probe), mesh=layout.sharded(ctx.mesh))
-      if ctx.probe:
-        aux["attn/probs"] = extras["probs"]
-    x_BxTxD = x_BxTxD + attn_BxTxD
-    y_ffn_BxTxD = None if self.ffn_branch is None else branch("ffn_branch", x_BxTxD)
-    x_BxTxD = x_BxTxD + self._mlp(x_BxTxD, ctx, aux, mode)
-    if y_ffn_BxTxD is not None:
-      x_BxTxD = x_BxTxD + y_ffn_BxTxD
-    if mode == "parallel":
-      return x_BxTxD, aux
-    if mode == "prefill":
-      T = x_BxTxD.shape[1]
-      pad = ((0, 0), (0, cache_len - T), (0, 0), (0, 0))
-      k_cache = jnp.pad(extras["k"].astype(self.cache_dtype), pad)
-      v_cache = jnp.pad(extras["v"].astype(self.cache_dtype), pad)
-    return x_BxTxD, LayerCache(k_BxSxHkvxDh=k_cache, v_BxSxHkvxDh=v_cache,
-                               memory_state=states["memory"],
-                               ffn_branch_state=states["ffn_branch"])
-
-  def _mlp(self, x_BxTxD, ctx: BranchContext, aux: dict, mode: Mode):
-    """The FFN's output (dense or MoE; the MoE's aux into `aux` in parallel mode)."""
-    with jax.named_scope("mlp"):   # names its operations (plan --explain_memory)
-      return self._ffn(x_BxTxD, ctx, aux, mode)
-
-  def _ffn(self, x_BxTxD, ctx: BranchContext, aux: dict, mode: Mode):
-    if isinstance(self.mlp, MoEFFN):
-      y_mlp_BxTxD, moe_aux = self.mlp(self.mlp_norm(x_BxTxD), valid_BxT=ctx.valid_BxT,
-                                      mesh=ctx.mesh)
-      if mode == "parallel":
-        aux.update({f"moe/{name}": v for name, v in moe_aux.items()})
-      return y_mlp_BxTxD
-    return self.mlp(self.mlp_norm(x_BxTxD), mesh=layout.sharded(ctx.mesh))
-
-  def init_cache(self, batch: int, max_len: int, ctx: BranchContext) -> LayerCache:
-    kv_shape = (batch, max_len, self.attn.n_kv_heads, self.attn.head_dim)
-    return LayerCache(
-        k_BxSxHkvxDh=jnp.zeros(kv_shape, self.cache_dtype),
-        v_BxSxHkvxDh=jnp.zeros(kv_shape, self.cache_dtype),
-        memory_state=None if self.memory is None else self.memory.init_decode_state(batch, ctx),
-        ffn_branch_state=None if self.ffn_branch is None
-        else self.ffn_branch.init_decode_state(batch, ctx))
-
-
-def _parallel_block(block, x_BxTxD, ctx, positions_BxT):
-  return block(x_BxTxD, ctx, mode="parallel", positions_BxT=positions_BxT)
-
-
-def _parallel_block_remat(block, x_BxTxD, ctx, positions_BxT):
-  """`_parallel_block` keeping only its inputs for the backward, which recomputes the
-  block once the cotangent of its output has arrived (experiments/models/remat.py)."""
-  graphdef, state = nnx.split(block)
-
-  def run(state, x_BxTxD, ctx, positions_BxT):
-    return _parallel_block(nnx.merge(graphdef, state), x_BxTxD, ctx, positions_BxT)
-
-  return recompute_after_cotangent(run)(state, x_BxTxD, ctx, positions_BxT)
-
-
-def layer_spans(config: LMConfig, scan: bool) -> tuple[tuple[int, int], ...]:
-  """[start, stop) of each entry of `DecoderLM.blocks`: one layer each, or with `scan`
-  every run of two or more layers without a memory or beside-FFN branch, and of one
-  FFN kind (dense or MoE: stacked blocks must share their parameter shapes), as one."""
-  if not scan:
-    return tuple((i, i + 1) for i in range(config.n_layers))
-  n = config.n_layers
-  branched = set(config.memory_layers) | set(config.ffn_branch_layers)
-  moe = set(config.moe_layers)
-  spans, start = [], 0
-  for i in range(n + 1):
-    if i < n and i not in branched and (i == start or (i in moe) == (start in moe)):
-      continue   # the run from `start` goes on
-    if i > start:
-      spans.append((start, i))
-    if i < n and i in branched:
-      spans.append((i, i + 1))
-      start = i + 1
-    else:
-      start = i
-  return tuple(spans)
-
-
-def _stack(blocks) -> Block:
-  """One Block whose every parameter is those of `blocks` stacked on a new axis 0."""
-  splits = [nnx.split(block) for block in blocks]
-  return nnx.merge(splits[0][0], jax.tree.map(lambda *xs: jnp.stack(xs), *(s for _, s in splits)))
-
-
-def _scan(stack: Block, body, carry, xs=None):
-  """`jax.lax.scan` of body(block, carry, x) over the layers of a stacked Block."""
-  graphdef, state = nnx.split(stack)
-  return jax.lax.scan(lambda c, sx: body(nnx.merge(graphdef, sx[0]), c, sx[1]), carry,
-                      (state, xs))
+# Block, Mode and layer_spans live beside this module; importers keep reading them here.
+__all__ = ["Block", "DecoderLM", "Mode", "default_positions", "layer_spans", "liven_lngram"]
 
 
 class DecoderLM(nnx.Module):
-  """Decoder-only Transformer LM over byte tokens, with optional slot branches.
+  """Decoder-only Transformer LM over token ids, with optional slot branches.
 
   `scan=True` runs runs of branch-free blocks as one `lax.scan` over stacked
   weights (module docstring); the numbers are those of the unrolled model.
@@ -275,7 +77,7 @@ class DecoderLM(nnx.Module):
     self.embed = Embedding(c.vocab_size, c.d_model, dtype=c.dtype,
                            param_dtype=c.param_dtype, init_std=c.init_std, rngs=rngs)
     self.blocks = nnx.List([Block(c, i, rngs=rngs) for i in range(c.n_layers)])
-    self.final_norm = _norm(c)
+    self.final_norm = lm_norm(c)
     self.unembed = None if c.tie_embeddings else nnx.Param(
         normal(c.init_std)(rngs.params(), (c.d_model, c.vocab_size), c.param_dtype))
     # Beside-FFN branches are drawn after the whole backbone, in layer order: the
@@ -296,7 +98,7 @@ class DecoderLM(nnx.Module):
     if c.lora is not None:
       apply_lora(self, c.lora, key=jax.random.fold_in(rngs.params.key[...], LORA_STREAM))
     if scan:  # stacked after every draw: the same weights as scan=False
-      self.blocks = nnx.List([self.blocks[a] if b - a == 1 else _stack(self.blocks[a:b])
+      self.blocks = nnx.List([self.blocks[a] if b - a == 1 else stack_blocks(self.blocks[a:b])
                               for a, b in self.layer_spans])
 
   def output_weights(self):
@@ -361,7 +163,7 @@ class DecoderLM(nnx.Module):
       raise ValueError(f"sequence length T={T} exceeds max_len={self.config.max_len}.")
     positions_BxT = default_positions((B, T), segment_ids, positions)
     ctx = (context or BranchContext()).replace(segment_ids_BxT=segment_ids, valid_BxT=valid)
-    run = _parallel_block_remat if self.config.remat else _parallel_block
+    run = parallel_block_remat if self.config.remat else parallel_block
 
     def body(block, x_BxTxD, _):
       x_BxTxD, block_aux = run(block, x_BxTxD, ctx, positions_BxT)
@@ -377,7 +179,7 @@ class DecoderLM(nnx.Module):
           hidden = x_BxTxD if ctx.probe else None
         per_layer = [(start, block_aux, hidden)]
       else:  # aux and hidden states come stacked over the span's layers
-        x_BxTxD, (block_aux, hidden) = _scan(block, body, x_BxTxD)
+        x_BxTxD, (block_aux, hidden) = scan_blocks(block, body, x_BxTxD)
         per_layer = [(i, {k: v[i - start] for k, v in block_aux.items()},
                       None if hidden is None else hidden[i - start])
                      for i in range(start, stop)]
@@ -461,7 +263,7 @@ class DecoderLM(nnx.Module):
     for block, (start, stop) in zip(self.blocks, self.layer_spans, strict=True):
       # A span's caches come out of the scan stacked over its layers.
       x_BxTxD, layer_cache = (body(block, x_BxTxD, None) if stop - start == 1
-                              else _scan(block, body, x_BxTxD))
+                              else scan_blocks(block, body, x_BxTxD))
       if stop - start == 1 and start < len(layer_adds):
         x_BxTxD = x_BxTxD + layer_adds[start].astype(x_BxTxD.dtype)
       layers.append(layer_cache)
@@ -507,7 +309,7 @@ class DecoderLM(nnx.Module):
         x_Bx1xD, layer_cache = step(block, x_Bx1xD, layer_cache)
       else:
         k_LxBxSxHkvxDh, v_LxBxSxHkvxDh = layer_cache.k_BxSxHkvxDh, layer_cache.v_BxSxHkvxDh
-        x_Bx1xD, (k_LxBxHkvxDh, v_LxBxHkvxDh) = _scan(block, body, x_Bx1xD,
+        x_Bx1xD, (k_LxBxHkvxDh, v_LxBxHkvxDh) = scan_blocks(block, body, x_Bx1xD,
                                                      (k_LxBxSxHkvxDh, v_LxBxSxHkvxDh))
         layer_cache = LayerCache(
             k_BxSxHkvxDh=k_LxBxSxHkvxDh.at[:, rows_B, cache.index_B].set(k_LxBxHkvxDh),
@@ -516,6 +318,31 @@ class DecoderLM(nnx.Module):
     new_cache = DecodeCache(layers=tuple(layers), index_B=cache.index_B + 1,
                             position_B=cache.position_B + 1, key_ok_BxS=key_ok_BxS)
     return self.logits(x_Bx1xD)[:, 0], new_cache
+
+  # --- the sampler's protocol (experiments/models/generate.py) -------------------
+
+  @property
+  def decoder(self) -> DecoderLM:
+    """The decoder whose max_len and vocabulary bound sampling: this model."""
+    return self
+
+  def sampling_prompt(self, prompt_tokens_BxT, *, prompt_lengths=None, images=None) -> Prompt:
+    """A right-padded token prompt (lengths in [1, T]) as `prefill_prompt` reads it."""
+    if images is not None:
+      raise ValueError("generate: pass images= for a VLM and only for a VLM "
+                       f"(got a {type(self).__name__} and images=True).")
+    tokens_BxT, lengths_B = right_padded_prompt(prompt_tokens_BxT, prompt_lengths, minimum=1)
+    return Prompt(tokens_BxT=tokens_BxT, lengths_B=lengths_B)
+
+  def prefill_prompt(self, prompt: Prompt, *, cache_len: int):
+    """(logits_BxV at each row's last prompt token, cache)."""
+    logits_BxTxV, cache = self.prefill(prompt.tokens_BxT, lengths=prompt.lengths_B,
+                                       cache_len=cache_len)
+    return last_logits(logits_BxTxV, prompt.lengths_B), cache
+
+  def prompt_logits(self, prompt: Prompt, tokens_BxS, valid_BxS):
+    """The full forward's logits [B, S, V] over `tokens_BxS` (the uncached sampler)."""
+    return self(tokens_BxS, valid=valid_BxS)
 
 
 def _check_layer_adds(layer_adds, spans) -> None:

@@ -1,5 +1,6 @@
 """Compiling a run's step for its target: XLA:CPU host devices, a TPU topology or GPUs.
 
+    planner(config)                             the plan hooks of the config's job
     compile_for_target(run, compiler="XLA:GPU")   memory, cost, program of the step
     target_chip_and_devices("h800:8")           the accelerator row and compile-only devices
     own_chip_compile(config, sizes, "h800")     the step by the named chip's own compiler
@@ -7,6 +8,8 @@
 
 The targets' devices come from experiments/plan/gpu.py (XLA:GPU, jax's CUDA plugin) and
 experiments/plan/tpu.py (libtpu); report.py puts the numbers together (DESIGN.md §10.1).
+Compiling for XLA:CPU with LLVM optimisation off (`FAST_COMPILE`) keeps the HLO, its cost
+and memory analysis and every collective the same; only machine code differs.
 """
 
 from __future__ import annotations
@@ -16,10 +19,23 @@ import math
 import tempfile
 import time
 
+from experiments.jobs.abstract import bytes_per_device
+from experiments.jobs.registry import JOBS, job, job_name
 from experiments.plan import accelerators, buffers, gpu, tpu
-from experiments.plan.abstract import FAST_COMPILE, bytes_per_device
-from experiments.plan.jobs import planner
 from experiments.trainer import placement as mesh_lib
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def planner(config):
+  """The plan hooks of the config's job (its `planner()`: check_mesh, abstract_run,
+  counts), or a one-line refusal for a job that is not planned."""
+  hooks = job(job_name(config)).planner()
+  if hooks is None:
+    planned = [name for name in JOBS if job(name).planner() is not None]
+    raise ValueError(f"plan: the {job_name(config)} job's configs are not planned (the jobs "
+                     f"planned: {', '.join(planned)}).")
+  return hooks
 
 
 def compiler_of(target: str | None) -> str:

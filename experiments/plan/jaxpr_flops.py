@@ -16,7 +16,7 @@ whole program, global shapes:
   while       the body once (its trip count is not in the jaxpr)
   any other   primitive holding a jaxpr (jit, remat, custom_vjp/jvp): its body once
 Only matmuls count (elementwise work is left out), so this is the program's view of
-experiments/plan/accounting.py's formula.
+experiments/models/counts.py's formula.
 
 `jaxpr_flops(jaxpr, kernels=False)` leaves out the work a platform choice gives to a
 Pallas kernel (cond: the cheapest branch, which is the kernel's where a kernel runs),

@@ -9,7 +9,8 @@ of prompts_per_step · group_size rows of [image + PROMPT_TEXT assumed text toke
 fixed-shape decode loop (`lax.while_loop`, the KV cache and PVM's visual cache in its
 carry) to `grpo.max_new_tokens` new tokens, sampled at the config's temperature with
 log-probabilities (GRPO's π_old), one end token. The parameters are the training plan's
-(experiments/plan/qwen3vl.py `abstract_params`: the trainer's placement, fsdp-sharded);
+(experiments/jobs/qwen3vl/planning.py `abstract_params`: the trainer's placement,
+fsdp-sharded);
 the prompt rows, the cache and the new tokens are split over the batch axes (data ×
 fsdp × expert). It is compiled by the target's compiler like the step
 (experiments/plan/compile.py), and judged by its per-device peak in the same way.
@@ -36,8 +37,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from experiments.jobs.abstract import AbstractRun, bytes_per_device
 from experiments.plan import accelerators
-from experiments.plan.abstract import AbstractRun, bytes_per_device
 from experiments.plan.collectives import OPS, collective_bytes
 from experiments.plan.compile import compile_for_target, compiler_of
 from experiments.plan.jaxpr_flops import jaxpr_flops
@@ -56,7 +57,7 @@ def check_rollout_config(config) -> None:
 
 def rollout_geometry(config, mc) -> dict:
   """The rollout's rows, prompt length, new tokens and cache slots (one image a row)."""
-  from experiments.plan.qwen3vl import PROMPT_TEXT, geometry
+  from experiments.jobs.qwen3vl.planning import PROMPT_TEXT, geometry
   geo = geometry(config, mc)
   prompt = geo["visual_per_row"] + 2 + PROMPT_TEXT
   return {**geo, "prompt_len": prompt, "cache_len": prompt + geo["new_tokens"],
@@ -104,7 +105,7 @@ def rollout_abstract_run(config, mesh):
   {"params"} as the training plan places them, the prompt batch, the jitted program; the
   geometry also holds the cache's bytes in all ("cache": `cache_bytes`) and the bytes
   a decode step reads of the weights ("weights_read")."""
-  from experiments.plan.qwen3vl import abstract_params, qwen3vl_model
+  from experiments.jobs.qwen3vl.planning import abstract_params, qwen3vl_model
   from experiments.vlm.qwen3vl.generate import rollout
   from experiments.vlm.qwen3vl.model import _prefill
   check_rollout_config(config)
@@ -219,8 +220,8 @@ def plan_rollout(config, block: dict, *, accelerator: str = "h100", mfu: float =
 
 
 def format_rollout(r: dict, name: str = "") -> str:
-  """The rollout's plan as text, one number a line with its source tag (report.py's)."""
-  from experiments.plan.report import _b, _buffer_lines, _compiled_for, _memory_lines, _t, _unit
+  """The rollout's plan as text, one number a line with its source tag (text.py's)."""
+  from experiments.plan.text import _b, _buffer_lines, _compiled_for, _memory_lines, _t, _unit
   g, chip, n = r["geometry"], r["accelerator"], r["devices"]
   mesh = " × ".join(f"{a}={s}" for a, s in r["block"].items() if s > 1) or "one device"
   tag = f"[HLO of {r['compiler']}]"

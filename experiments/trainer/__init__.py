@@ -2,11 +2,11 @@
 
 It knows no LM, VLM or Lngram and imports nothing from `experiments.jobs`,
 `experiments.models`, `experiments.vlm` or `experiments.analysis` (DESIGN.md §6).
-The caller builds a `Task` (experiments/tasks) and hands it to `train`:
+The caller builds a `Task` (experiments/jobs) and hands it to `train`:
 
-    train(task, train_config, workdir, mesh)   loop.py
-    init_train_state(module, optim, phases, mesh)   state.py
-    Task, BatchSource                           protocol.py
+    train(task, train_config, workdir, mesh), open_run(workdir), Run   loop.py
+    init_train_state(module, optim, phases, mesh), TrainState, abstract_like   state.py
+    Task, BatchSource                                                 protocol.py
 
 The names load on first use, so that importing one submodule (the checkpoint
 format, the lock) does not import the loop and its optimiser.

@@ -48,21 +48,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from experiments.trainer.keypaths import path_names, path_str
+
 GROUPS = ("decay", "no_decay", "table")
 BACKBONE_GROUPS = ("backbone", "backbone_no_decay")
 FROZEN = "frozen"
 # The slots whose modules are inserted branches rather than the backbone (experiments/models/lm.py).
 BRANCH_SLOTS = ("memory", "ffn_branch")
-
-
-def path_names(path) -> tuple[str, ...]:
-  """Path components of a pytree key path as strings (`('blocks', '1', 'memory', ...)`)."""
-  return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
-
-
-def path_str(path) -> str:
-  """A key path as 'blocks/1/memory/tables/0'."""
-  return "/".join(path_names(path))
 
 
 def param_group(path: tuple[str, ...]) -> str:

@@ -35,6 +35,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from experiments.trainer.keypaths import path_names
+
 log = logging.getLogger("experiments")
 
 # The training mesh's axes, in this order; `expert` last (innermost: its psum stays
@@ -135,10 +137,6 @@ def describe(mesh: Mesh) -> str:
 # --- where parameters, optimiser state and batches live ----------------------------------------
 
 
-def _path(path) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
 def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh, rules=None) -> P:
   """The PartitionSpec of one parameter: the task's `rules(path, shape, mesh)` if it
   names one, else split over fsdp along the largest dimension fsdp divides, else
@@ -159,7 +157,7 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh, rules=
 def param_specs(params, mesh: Mesh, *, rules=None):
   """PartitionSpecs for a pure-dict parameter tree (`param_spec` of every leaf)."""
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: param_spec(_path(p), tuple(x.shape), mesh, rules), params)
+      lambda p, x: param_spec(path_names(p), tuple(x.shape), mesh, rules), params)
 
 
 def shardings(specs, mesh: Mesh):
@@ -174,11 +172,11 @@ def like_params(tree, param_shardings, mesh: Mesh):
   by_path = {}
   for path, sharding in jax.tree_util.tree_flatten_with_path(
       param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0]:
-    by_path[_path(path)] = sharding
+    by_path[path_names(path)] = sharding
   replicated = NamedSharding(mesh, P())
 
   def pick(path, leaf):
-    keys = _path(path)
+    keys = path_names(path)
     for start in range(len(keys)):
       sharding = by_path.get(keys[start:])
       if sharding is not None and len(sharding.spec) <= np.ndim(leaf):

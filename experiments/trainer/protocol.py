@@ -1,8 +1,9 @@
 """The task protocol: what one run gives the trainer (experiments/trainer/loop.py).
 
 The trainer is the same for every job; a `Task` supplies what differs. The
-caller builds the task (experiments/tasks: the byte LM, VLM stage 0, Stage I
-with a frozen backbone, Stage II GRPO) and hands it to `train`:
+caller builds the task (experiments/jobs: the LM on bytes or tokens, the tiny VLM's
+stage 0, Stage I with a frozen backbone and Stage II GRPO, Qwen3-VL's stages) and
+hands it to `train`:
 
     module        the trained nnx module, initialised (the model, or a
                   training-only wrapper such as the stage-0 `CellPretrainer`)
@@ -25,7 +26,8 @@ with a frozen backbone, Stage II GRPO) and hands it to `train`:
     headline      optional `(evaluation) -> str`: the line logged for it
     finish        optional `(module, summary) -> dict` after the last step
                   (VLM: accuracy by length, metrics.json)
-    tokens_per_step  for the progress bar's throughput
+    tokens_per_step  for the throughput (the progress bar, train/tokens_per_s)
+    description   the run in a few words, for the log line a run starts with
     check_mesh    optional `(mesh) -> None`: refuses, naming the numbers, a
                   device mesh the run cannot be split over
     check_resume  optional `(run directory, saved config) -> None`: refuses a

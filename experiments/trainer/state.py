@@ -7,7 +7,9 @@ the jitted step and orbax see), every array is put into its shards
 (experiments/trainer/placement.py), and the optimiser state is created directly
 in the parameters' shards (`jit(tx.init, out_shardings=...)` over the abstract
 shapes), one optimiser per phase. The training loop, the benchmarks and the
-reproduction tools all build state through it.
+reproduction tools all build state through it; `abstract_train_state` builds the same
+state from shapes alone (every array a ShapeDtypeStruct with the sharding it would get),
+what `lngram-exp plan` compiles the step on.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from jax.sharding import Mesh
 
 from experiments.trainer import optimizer as optim_lib
 from experiments.trainer import step as step_lib
-from experiments.trainer.placement import Placement
+from experiments.trainer.placement import Placement, like_params
 
 
 @dataclasses.dataclass
@@ -81,6 +83,31 @@ def init_train_state(module: nnx.Module, optim, phases: Sequence[int], mesh: Mes
   state = {"params": params, "opt_state": placed.init_opt_state(txs[0], params),
            "step": placed.put_replicated(jnp.zeros((), jnp.int32))}
   return TrainState(graphdef, state, rest, placed, txs,
+                    frozen=optim_lib.frozen_mask(params, trainable, optim))
+
+
+def abstract_train_state(module: nnx.Module, optim, steps: int, mesh: Mesh, *,
+                         trainable: Callable[[str], bool] | None = None,
+                         rules=None) -> TrainState:
+  """`init_train_state` of an abstract `module` (`nnx.eval_shape`) for one phase of
+  `steps`, from shapes alone: every array a ShapeDtypeStruct carrying the sharding
+  `init_train_state` gives it; nothing is allocated."""
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  placed = Placement(mesh, params, rules=rules)
+
+  def shaped(tree, sharding):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, sharding)
+
+  params = shaped(params, placed.params)
+  rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                     sharding=placed.replicated), rest)
+  tx = optim_lib.make_optimizer(optim, params, steps, trainable=trainable)
+  opt = jax.eval_shape(tx.init, params)
+  state = {"params": params, "opt_state": shaped(opt, like_params(opt, placed.params, mesh)),
+           "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=placed.replicated)}
+  return TrainState(graphdef, state, rest, placed, [tx],
                     frozen=optim_lib.frozen_mask(params, trainable, optim))
 
 

@@ -69,67 +69,16 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
   if not isinstance(grad_accum, int) or grad_accum < 1:
     raise ValueError(f"train.grad_accum={grad_accum!r} must be a positive int.")
   frozen_leaves = None if frozen is None else [bool(f) for f in jax.tree.leaves(frozen)]
-
-  def objective(params, rest, batch):
-    return loss_fn(nnx.merge(graphdef, params, rest), batch)
-
-  def trained(params):
-    """The leaves the gradient is taken with respect to (all of `params` if none is frozen)."""
-    if frozen_leaves is None:
-      return params
-    leaves = jax.tree.leaves(params)
-    if len(leaves) != len(frozen_leaves):
-      raise ValueError(f"make_train_step: the frozen mask has {len(frozen_leaves)} leaves, "
-                       f"the parameters {len(leaves)}.")
-    return [x for x, f in zip(leaves, frozen_leaves, strict=True) if not f]
-
-  def with_frozen(params, trained_leaves, fill=None):
-    """`params` with its trained leaves replaced (frozen ones kept, or `fill(x)`)."""
-    if frozen_leaves is None:
-      return trained_leaves
-    leaves, treedef = jax.tree.flatten(params)
-    new = iter(trained_leaves)
-    return jax.tree.unflatten(treedef, [(x if fill is None else fill(x)) if f else next(new)
-                                        for x, f in zip(leaves, frozen_leaves, strict=True)])
-
-  def grad_fn(params, rest, batch):
-    """((loss, metrics), gradients of `trained(params)`)."""
-    def of_trained(leaves):
-      return objective(with_frozen(params, leaves), rest, batch)
-    return jax.value_and_grad(of_trained, has_aux=True)(trained(params))
-
-  def accumulated(params, rest, batch):
-    def split(x):
-      if x.shape[0] % grad_accum:
-        raise ValueError(f"train.grad_accum={grad_accum} does not divide the batch of "
-                         f"{x.shape[0]} rows.")
-      return x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:])
-
-    def micro(carry, mb):
-      (loss, extra), grads = grad_fn(params, rest, mb)
-      w = extra.pop(WEIGHT, jnp.ones((), jnp.float32)).astype(jnp.float32)
-      scaled = jax.tree.map(lambda a: w * a.astype(jnp.float32), (loss, extra, grads))
-      total = scaled if carry is None else jax.tree.map(jnp.add, carry[0], scaled)
-      return (total, (w if carry is None else carry[1] + w)), None
-
-    # The first micro-batch seeds the carry's structure; the rest are scanned.
-    micro_batches = jax.tree.map(split, batch)
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    rest_mb = jax.tree.map(lambda x: x[1:], micro_batches)
-    carry, _ = micro(None, first)
-    carry, _ = jax.lax.scan(micro, carry, rest_mb)
-    (loss, extra, grads), weight = carry
-    loss, extra, grads = jax.tree.map(lambda a: a / weight, (loss, extra, grads))
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trained(params))
-    return (loss, extra), grads
+  grad_fn = _grad_fn(graphdef, loss_fn, frozen_leaves)
 
   def step(state, rest, batch):
     if grad_accum == 1:
       (loss, extra), grads = grad_fn(state["params"], rest, batch)
       extra = {k: v for k, v in extra.items() if k != WEIGHT}
     else:
-      (loss, extra), grads = accumulated(state["params"], rest, batch)
-    grads = with_frozen(state["params"], grads, fill=jnp.zeros_like)
+      (loss, extra), grads = _accumulated(grad_fn, state["params"], rest, batch,
+                                          grad_accum=grad_accum, frozen_leaves=frozen_leaves)
+    grads = _with_frozen(state["params"], grads, frozen_leaves, fill=jnp.zeros_like)
     rules = extra.pop(RULE_UPDATES, None)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
@@ -147,3 +96,67 @@ def make_train_step(graphdef, tx, lr_fn, loss_fn, *, phase_start: int = 0,
   if out_shardings is None:
     return jax.jit(step, donate_argnums=0)
   return jax.jit(step, donate_argnums=0, out_shardings=out_shardings)
+
+
+def _trained(params, frozen_leaves):
+  """The leaves the gradient is taken with respect to (all of `params` if none is frozen)."""
+  if frozen_leaves is None:
+    return params
+  leaves = jax.tree.leaves(params)
+  if len(leaves) != len(frozen_leaves):
+    raise ValueError(f"make_train_step: the frozen mask has {len(frozen_leaves)} leaves, "
+                     f"the parameters {len(leaves)}.")
+  return [x for x, f in zip(leaves, frozen_leaves, strict=True) if not f]
+
+
+def _with_frozen(params, trained_leaves, frozen_leaves, fill=None):
+  """`params` with its trained leaves replaced (frozen ones kept, or `fill(x)`)."""
+  if frozen_leaves is None:
+    return trained_leaves
+  leaves, treedef = jax.tree.flatten(params)
+  new = iter(trained_leaves)
+  return jax.tree.unflatten(treedef, [(x if fill is None else fill(x)) if f else next(new)
+                                      for x, f in zip(leaves, frozen_leaves, strict=True)])
+
+
+def _grad_fn(graphdef, loss_fn, frozen_leaves):
+  """grad_fn(params, rest, batch) -> ((loss, metrics), gradients of the trained leaves):
+  the loss hook on the module rebuilt from `params` and `rest`."""
+
+  def objective(params, rest, batch):
+    return loss_fn(nnx.merge(graphdef, params, rest), batch)
+
+  def grad_fn(params, rest, batch):
+    def of_trained(leaves):
+      return objective(_with_frozen(params, leaves, frozen_leaves), rest, batch)
+    return jax.value_and_grad(of_trained, has_aux=True)(_trained(params, frozen_leaves))
+
+  return grad_fn
+
+
+def _accumulated(grad_fn, params, rest, batch, *, grad_accum: int, frozen_leaves):
+  """`grad_fn` over `grad_accum` micro-batches of `batch`, their losses, metrics and
+  gradients averaged with the loss hook's `WEIGHT` (module docstring)."""
+  def split(x):
+    if x.shape[0] % grad_accum:
+      raise ValueError(f"train.grad_accum={grad_accum} does not divide the batch of "
+                       f"{x.shape[0]} rows.")
+    return x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:])
+
+  def micro(carry, mb):
+    (loss, extra), grads = grad_fn(params, rest, mb)
+    w = extra.pop(WEIGHT, jnp.ones((), jnp.float32)).astype(jnp.float32)
+    scaled = jax.tree.map(lambda a: w * a.astype(jnp.float32), (loss, extra, grads))
+    total = scaled if carry is None else jax.tree.map(jnp.add, carry[0], scaled)
+    return (total, (w if carry is None else carry[1] + w)), None
+
+  # The first micro-batch seeds the carry's structure; the rest are scanned.
+  micro_batches = jax.tree.map(split, batch)
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  rest_mb = jax.tree.map(lambda x: x[1:], micro_batches)
+  carry, _ = micro(None, first)
+  carry, _ = jax.lax.scan(micro, carry, rest_mb)
+  (loss, extra, grads), weight = carry
+  loss, extra, grads = jax.tree.map(lambda a: a / weight, (loss, extra, grads))
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, _trained(params, frozen_leaves))
+  return (loss, extra), grads

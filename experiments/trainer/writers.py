@@ -120,7 +120,9 @@ def _wandb_hint(e, wandb) -> str:
 
 def check_wandb(train_config) -> None:
   """Refuses the `train.wandb_*` fields before a run starts, in one line: a project
-  without the wandb package, a field of the wrong type. Empty project: W&B is off."""
+  without the wandb package, a field of the wrong type. Empty project: W&B is off.
+  `lngram-exp train` runs it once, before it touches the run (experiments/cli/
+  preflight.py)."""
   project = train_config.get("wandb_project") or ""
   if not project:
     return
@@ -138,10 +140,16 @@ def check_wandb(train_config) -> None:
   if not isinstance(tags, (str, list, tuple)):
     raise ValueError(f"train.wandb_tags={tags!r} must be comma-separated names (a string) "
                      "or a list of them.")
+  _import_wandb()
+
+
+def _import_wandb():
+  """The wandb module, or the one-line refusal naming the extra that installs it."""
   try:
-    import wandb  # noqa: F401
+    import wandb
   except ImportError:
     raise ValueError(f"train.wandb_project needs wandb: {WANDB_EXTRA}") from None
+  return wandb
 
 
 def flat_config(tree, prefix: str = "") -> dict:
@@ -180,12 +188,13 @@ class WandbRun:
   `<workdir>/wandb/` unless WANDB_DIR says otherwise; `train.wandb_entity`,
   `wandb_run_name` and `wandb_tags` are passed only when set, so that W&B's own
   environment variables (WANDB_MODE=offline, WANDB_ENTITY, WANDB_NAME, WANDB_TAGS, ...)
-  apply. `config`: the run's config (the W&B run's config, flattened).
+  apply. `config`: the run's config (the W&B run's config, flattened). The fields are
+  checked before the run (`check_wandb`); without the wandb package the run is refused
+  here in the same line.
   """
 
   def __init__(self, workdir, train_config, config: dict | None = None):
-    check_wandb(train_config)
-    import wandb
+    wandb = _import_wandb()
     workdir = Path(workdir)
     id_file = workdir / WANDB_ID_FILE
     run_id = id_file.read_text().strip() if id_file.is_file() else ""

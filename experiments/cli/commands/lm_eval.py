@@ -194,8 +194,8 @@ def restore_lm(workdir, step: int | None = None, **adapter):
   """(an lm-eval model over the run's model and tokenizer, the step restored); `adapter`:
   keyword arguments of `LngramLM` (batch_size, seed, ...)."""
   from experiments.jobs.lm.evaluate import require_lm
-  from experiments.jobs.restore import restore_module
   from experiments.jobs.lm.lm_eval_adapter import make_lm
+  from experiments.jobs.restore import restore_module
   model, saved, step = restore_module(workdir, step)
   require_lm(saved, workdir, "lm-eval")
   codec, prefix, stops = run_tokens(workdir, saved, model)

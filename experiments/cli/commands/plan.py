@@ -113,8 +113,9 @@ def plan_command(config, mesh: str | None, *, accelerator: str = "h100", mfu: fl
   from pathlib import Path
 
   from experiments.plan import accelerators, gpu, tpu
-  from experiments.plan.report import format_plan, plan_run, refuse_mesh
+  from experiments.plan.report import plan_run, refuse_mesh
   from experiments.plan.rollout import PROGRAMS, check_rollout_config, format_rollout, plan_rollout
+  from experiments.plan.text import format_plan
   from experiments.trainer.placement import parse_mesh
   if program not in PROGRAMS:
     raise ValueError(f"--program={program!r} is not one of {', '.join(PROGRAMS)}.")

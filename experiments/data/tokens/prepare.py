@@ -13,7 +13,7 @@ The validation split is by document: a document is validation when the first
 8 bytes of the sha256 of its UTF-8 text, read as a fraction of 2**64, are below
 `val_fraction` (the same document lands in the same split on every run).
 
-`out` is a new or empty directory, or one prepare-data wrote: it never writes
+`out` is a new or empty directory, or one prepare-data wrote (output_dir.py): it never writes
 among other files (a model checkpoint, another tokenizer's folder), and it
 replaces a `tokenizer.json` only when that file is its own (the tokenizer of the
 directory's manifest or shards) or the same tokenizer. One run at a time writes
@@ -26,15 +26,12 @@ shards).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ctypes
-import fcntl
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import threading
@@ -46,6 +43,7 @@ import numpy as np
 
 from experiments.data.tokens import format as fmt
 from experiments.data.tokens.format import TokenDataError
+from experiments.data.tokens.output_dir import check_out, locked, remove_stale_tmp
 from experiments.data.tokens.sources import (
     BadText,
     documents,
@@ -58,7 +56,6 @@ from experiments.data.tokens.tokenizer import (
     FORCE_AFTER,
     Encoder,
     TokenizerInfo,
-    canonical_sha256,
     describe,
 )
 from experiments.trainer import durable
@@ -69,8 +66,6 @@ VAL_FRACTION = 0.01
 _CHUNK_DOCS = 256
 _CHUNK_BYTES = 8 << 20   # one encode call's documents: at most this many bytes (or one)
 # What prepare-data writes under its directory (temporary names included).
-_SHARD_FILE = re.compile(r"\d{5,}\.(tokens|offsets|val|done\.json)(\.\d+)?(\.tmp)?")
-_TOP_TMP = re.compile(r"(manifest|tokenizer)\.json(\.\d+)?\.tmp")
 _PR_SET_PDEATHSIG = 1
 _CONVENTION = ("each document: its tokens (add_special_tokens=False), then eos if the "
                "tokenizer has one; no bos")
@@ -298,12 +293,12 @@ def prepare(inputs: str, tokenizer: str, out: str, *, text_field: str = "text",
   root = Path(out).expanduser()
   info = describe(tokenizer)
   sources = list_inputs(inputs, exclude=root)
-  _check_out(root, out, info)
+  check_out(root, out, info)
   _warn_json_lines(sources)
   settings = _settings(info, text_field, val_fraction, on_bad_utf8)
   root.mkdir(parents=True, exist_ok=True)
-  with _locked(root, out):
-    _remove_stale_tmp(root)
+  with locked(root, out):
+    remove_stale_tmp(root)
     (root / fmt.SHARDS).mkdir(exist_ok=True)
     records = _make_shards(root, sources, info, settings, int(workers), progress)
     manifest = _manifest(info, settings, records)
@@ -359,58 +354,6 @@ def _make_shards(root: Path, sources: list[str], info: TokenizerInfo, settings: 
   return records
 
 
-def _ours(root: Path) -> set[str]:
-  """The tokenizer digests this directory's manifest and done-records were written with."""
-  digests = set()
-  try:
-    digests.add(json.loads((root / fmt.MANIFEST).read_text())["tokenizer"]["sha256"])
-  except (OSError, ValueError, KeyError, TypeError):
-    pass
-  for path in (root / fmt.SHARDS).glob("*.done.json"):
-    try:
-      digests.add(json.loads(path.read_text())["settings"]["tokenizer_sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-      pass
-  return digests
-
-
-def _check_out(root: Path, out: str, info: TokenizerInfo) -> None:
-  """Refuses an `out` prepare-data must not write into: not a directory, a directory
-  of other files (no manifest.json or shards/ of ours), a manifest of another program
-  or a newer format, or a tokenizer.json prepare-data did not write."""
-  if not root.exists():
-    return
-  if not root.is_dir():
-    raise TokenDataError(f"--out={out!r} exists and is not a directory; prepare-data "
-                         "writes a data directory.")
-  if not {p.name for p in root.iterdir()} - {fmt.LOCK}:
-    return
-  if (root / fmt.MANIFEST).exists():
-    try:
-      fmt.read_manifest(root)
-    except TokenDataError as e:
-      raise TokenDataError(f"--out={out!r}: {e}".rstrip(".") + "; pass a new or empty "
-                           "--out.") from None
-  elif not _shards_of_ours(root):
-    raise TokenDataError(
-        f"--out={out!r} is not empty and is not a prepare-data directory (no {fmt.MANIFEST} "
-        f"or {fmt.SHARDS}/ of prepare-data); pass a new or empty --out: prepare-data never "
-        "writes among other files.")
-  existing = root / TOKENIZER_FILE
-  if existing.exists():
-    digest = canonical_sha256(existing)
-    if digest != info.sha256 and digest not in _ours(root):
-      raise TokenDataError(
-          f"--out={out!r}: {existing} is not a tokenizer this directory was prepared with, "
-          "and prepare-data never overwrites a file it did not write; pass a new --out "
-          "(or move that file away first).")
-
-
-def _shards_of_ours(root: Path) -> bool:
-  shards = root / fmt.SHARDS
-  return shards.is_dir() and all(_SHARD_FILE.fullmatch(p.name) for p in shards.iterdir())
-
-
 def _warn_json_lines(sources: list[str], command: str = "prepare-data") -> None:
   """A plain-text input whose first line is a JSON object is probably JSON lines under
   another name (`data.json`): it is still read as one document, with a warning."""
@@ -420,56 +363,6 @@ def _warn_json_lines(sources: list[str], command: str = "prepare-data") -> None:
     log.warning("%s: %s%s is read as one plain-text document, but its first line is a "
                 "JSON object; if it holds JSON lines, rename it to .jsonl (one document per "
                 "line).", command, suspects[0], more)
-
-
-@contextlib.contextmanager
-def _locked(root: Path, out: str):
-  """Holds `root/.lock` (flock, non-blocking): a second prepare-data into the same
-  directory is refused at once rather than racing this one on its shards. The file
-  names the holder's pid; it is removed on exit, and left by a killed run, whose
-  lock the kernel released."""
-  path = root / fmt.LOCK
-  while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      for _ in range(50):   # the holder writes its pid just after it takes the lock
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-        if holder.isdigit():
-          break
-        time.sleep(0.01)
-      os.close(fd)
-      raise TokenDataError(
-          f"another prepare-data is writing into {out}"
-          + (f" (pid {holder})" if holder.isdigit() else "")
-          + "; wait for it to finish (or stop it) and rerun.") from None
-    try:   # the holder may have removed the file between our open and flock
-      same = os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-      same = False
-    if same:
-      break
-    os.close(fd)
-  try:
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    yield
-  finally:
-    path.unlink(missing_ok=True)   # before the unlock: a next run makes a fresh file
-    os.close(fd)
-
-
-def _remove_stale_tmp(root: Path) -> None:
-  """Temporary files of killed runs (this run holds the lock: nobody else writes them)."""
-  for path in root.iterdir():
-    if _TOP_TMP.fullmatch(path.name):
-      path.unlink(missing_ok=True)
-  shards = root / fmt.SHARDS
-  if shards.is_dir():
-    for path in shards.iterdir():
-      if path.name.endswith(".tmp") and _SHARD_FILE.fullmatch(path.name):
-        path.unlink(missing_ok=True)
 
 
 def _manifest(info: TokenizerInfo, settings: dict, records: list[dict]) -> dict:

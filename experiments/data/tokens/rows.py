@@ -10,16 +10,16 @@ from numpy's generator seeded with (seed, e), the byte pipeline's rule
 (experiments/data/pipeline.py).
 
 `TokenBatches` is the `BatchSource` the trainer reads (experiments/trainer/
-protocol.py), built on grain as the byte corpus's `TrainIterator` is
-(experiments/data/pipeline.py `batch_iterator`): a `grain.MapDataset` over
-`TokenRows` (global row k at index k), batched, read ahead by one thread through
-`to_iter_dataset`. Its state is the grain iterator's (the index of the next global
-batch), saved in every checkpoint, so it resumes exactly; `rows=(a, b)` makes one
-process read only rows a..b-1 of every global batch. The rows are those the
-hand-written iterator before it yielded, so a state it saved (version 1, a batch
-count) resumes the same stream. Tokens stay in the shards' memory maps; only
-per-document tables (three int64 per document) and an epoch's permutations live
-in host memory. grain is imported on first use: reading a corpus does not need it.
+protocol.py), a `BatchStream` as the byte corpus's `TrainIterator` is
+(experiments/data/pipeline.py): a `grain.MapDataset` over `TokenRows` (global row k
+at index k), batched, read ahead by one thread through `to_iter_dataset`. Its state is
+the grain iterator's (the index of the next global batch), saved in every checkpoint,
+so it resumes exactly; `rows=(a, b)` makes one process read only rows a..b-1 of every
+global batch. The rows are those the hand-written iterator before it yielded, so a
+state it saved (version 1, a batch count) resumes the same stream. Tokens stay in the
+shards' memory maps; only per-document tables (three int64 per document) and an
+epoch's permutations live in host memory. grain is imported on first use: reading a
+corpus does not need it.
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from experiments.data.packing import epoch_order, num_rows, pack_row
+from experiments.data.pipeline import EPOCHS, BatchStream, fixed_batches
 from experiments.data.tokens.format import TokenDataError, open_shard, read_manifest
 
 # Version 2: the grain iterator's state; version 1 (the hand-written iterator's) was the
 # count of global batches read, the same stream position.
 _STATE_VERSION = 2
-# Length of the (lazy) training source in epochs: far more than any run reads.
-_EPOCHS = 100_000
 
 
 class Documents:
@@ -115,8 +114,13 @@ class TokenRows:
     return pack_row(self.docs, order, offsets, int(rows[i]), self.seq_len)
 
 
-class TokenBatches:
+class TokenBatches(BatchStream):
   """Endless training batches of a TokenCorpus with an exactly resumable JSON state."""
+
+  data_key = "data_sha256"
+  what = "token data"
+  error = TokenDataError
+  state_version = _STATE_VERSION
 
   def __init__(self, corpus: TokenCorpus, *, seq_len: int, batch_size: int, seed: int,
                rows: tuple[int, int] | None = None, allow_data_change: bool = False,
@@ -126,55 +130,29 @@ class TokenBatches:
     resumes under any split of the rows. `allow_data_change`: a state saved over
     other shards resumes at its batch count (`data.allow_corpus_change`). `prefetch`:
     batches read ahead by one thread (0: none)."""
-    from experiments.data.pipeline import batch_iterator
-
-    self.source = TokenRows(corpus.train_docs, seq_len, seed=seed, epochs=_EPOCHS)
-    self._iter = batch_iterator(self.source, batch_size=batch_size, rows=rows,
-                                prefetch=prefetch, name="TokenBatches")
+    super().__init__(
+        TokenRows(corpus.train_docs, seq_len, seed=seed, epochs=EPOCHS),
+        fingerprint={"data_sha256": corpus.digest, "seq_len": seq_len,
+                     "batch_size": batch_size, "seed": seed},
+        batch_size=batch_size, rows=rows, prefetch=prefetch,
+        allow_data_change=allow_data_change)
     self.batch_size = batch_size
     self.rows = (0, batch_size) if rows is None else tuple(rows)
-    self.allow_data_change = allow_data_change
-    self.fingerprint = {"data_sha256": corpus.digest, "seq_len": seq_len,
-                        "batch_size": batch_size, "seed": seed}
 
-  @property
-  def rows_per_epoch(self) -> int:
-    return self.source.rows_per_epoch
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict:
-    # Global row k: the epochs repeat with fresh permutations, without end.
-    return next(self._iter)
-
-  def get_state(self) -> dict:
-    return {"version": _STATE_VERSION, "grain": self._iter.get_state(), **self.fingerprint}
-
-  def set_state(self, state: dict) -> None:
-    saved = {k: state.get(k) for k in self.fingerprint}
-    if self.allow_data_change:   # the shards may differ; the stream's settings may not
-      saved["data_sha256"] = self.fingerprint["data_sha256"]
-    if saved != self.fingerprint:
-      raise TokenDataError(
-          "the checkpoint's data iterator was made for different token data: saved "
-          f"{saved}, now {self.fingerprint}; resuming would not continue the same stream.")
+  def _grain_state(self, state: dict) -> dict:
     version = state.get("version")
     if version == 1:   # the hand-written iterator's state: the same stream, by batch count
-      self._iter.set_state({"next_index": int(state["batch"])})
-    elif version == _STATE_VERSION:
-      self._iter.set_state(state["grain"])
-    else:
-      raise TokenDataError(
-          f"the checkpoint's data iterator state has version {version!r}, which this code "
-          f"does not read (1 or {_STATE_VERSION}); resume with the code that saved it.")
+      return {"next_index": int(state["batch"])}
+    if version == _STATE_VERSION:
+      return state["grain"]
+    raise TokenDataError(
+        f"the checkpoint's data iterator state has version {version!r}, which this code "
+        f"does not read (1 or {_STATE_VERSION}); resume with the code that saved it.")
 
 
 def token_eval_batches(corpus: TokenCorpus, *, seq_len: int, batch_size: int,
                        max_batches: int) -> list[dict]:
   """Validation rows in manifest order (no shuffle), as at most `max_batches` batches;
   a last partial batch is padded with rows of segment id 0 and loss_mask 0."""
-  from experiments.data.pipeline import fixed_batches
-
   source = TokenRows(corpus.val_docs, seq_len, seed=None, what="validation")
   return fixed_batches(source, batch_size=batch_size, max_batches=max_batches)

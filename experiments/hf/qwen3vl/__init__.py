@@ -7,7 +7,7 @@
   moe             Qwen3-VL-MoE (Qwen3-VL-30B-A3B): its config fields and fused expert layouts
   processor       `Qwen3VLProcessor`: the checkpoint's tokenizer, image and chat template
   chat            the checkpoint's chat template, rendered with jinja2 as transformers does
-  tiny_processor  writes a tiny processor directory (CPU smoke runs, tests)
+  synthetic_processor  writes a tiny processor directory (CPU smoke runs, tests)
 
 Mapping and deviations: DESIGN.md §11.6.
 """

@@ -5,6 +5,8 @@ scratch or from a Hugging Face backbone (`init_from=hf:DIR`); its hooks
   task.py      the task: data, loss, evaluation, the per-document losses of the last one
   evaluate.py  a checkpoint's validation metrics (`lngram-exp eval`)
   sample.py    prompt continuations (`lngram-exp sample`)
+  checks.py    what only an LM config is checked for
+  planning.py  the plan hooks (`lngram-exp plan`)
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from experiments.jobs.registry import Checked
 
 BLOCKS = ("model", "data", "optim", "train")
+A_CONFIG = "an LM config"
 
 
 def check(config) -> Checked:
@@ -47,6 +50,27 @@ def param_bytes(checked: Checked) -> int:
 def memory_line(checked: Checked, devices: int) -> str:
   from experiments.jobs.checks import plan_line
   return plan_line(checked.config, devices)
+
+
+def planner():
+  """The plan hooks (experiments/jobs/lm/planning.py)."""
+  from experiments.jobs.lm import planning
+  return planning
+
+
+def analyze(workdir, restore, *, which=None, step: int | None = None, stability_steps=None,
+            **options) -> str:
+  """The Lngram ID analyses of a run (experiments/analysis/run.py `analyze_lm`, `options`
+  its seed, max_positions, n_perm, dedup, max_file_share, perm_strata, n_rho_boot); the
+  line `lngram-exp analyze` prints."""
+  from experiments.analysis.run import LM_ANALYSES, analyze_lm
+  steps = list(stability_steps or [])
+  if not all(str(s).strip().isdigit() for s in steps):
+    raise ValueError(f"--stability_steps={','.join(map(str, steps))}: give checkpoint steps "
+                     "as integers, e.g. 100,300.")
+  out = analyze_lm(workdir, restore=restore, which=tuple(which or LM_ANALYSES), step=step,
+                   stability_steps=tuple(int(s) for s in steps) or None, **options)
+  return f"wrote {sorted(out)} (.json, .md, .png) into {workdir}/analysis"
 
 
 def summary(checked: Checked, result: dict) -> str:

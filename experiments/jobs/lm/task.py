@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -177,40 +178,18 @@ def lm_task(config, workdir, mesh=None, *, model_config=None) -> Task:
 
   `model_config`: the LMConfig the job's check built from `config` (then `config` is the
   checked one, with an HF backbone's fields in place); None builds both here."""
-  # grain is imported here, not at module level: notebooks and machines
-  # without grain still import this package (restore, evaluate, metrics).
-  from experiments.data.pipeline import TrainIterator, eval_batches
-
   if model_config is None:
     config = with_hf_backbone(config)   # init_from=hf:DIR: the checkpoint's backbone
     model_config = lm_config(config)
   dc = config.data
-  model_cfg = model_config
   # Several processes: each reads only the rows of every global batch its devices hold.
   rows = None
   if jax.process_count() > 1 and mesh is not None:
     rows = (*process_rows(mesh, dc.batch_size), dc.batch_size)
-  unit = "byte"
-  if token_run.data_kind(config) == "tokens":   # a prepare-data directory (DESIGN.md §4.3)
-    data = token_run.run_data(config, workdir, rows=None if rows is None else rows[:2],
-                              record=jax.process_index() == 0)
-    model_cfg = token_run.model_vocab(model_cfg, data.vocab_size)
-    batches, val_batches, about, unit = (data.batches, data.val_batches, data.description,
-                                         "token")
-    val_names = data.val_names
-  else:
-    corpus = load_corpus(corpus_spec(config))
-    allow_change = bool(dc.get("allow_corpus_change", False))
-    if jax.process_index() == 0:
-      record_manifest(corpus, workdir, allow_change=allow_change)
-    batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
-                            seed=dc.seed, rows=None if rows is None else rows[:2],
-                            allow_corpus_change=allow_change)
-    val_batches, val_names = validation.config_batches(
-        corpus.val_docs, corpus.val_paths, dc,
-        default=lambda: eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
-                                     max_batches=dc.eval_batches))
-    about = f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation bytes"
+  data = _run_data(config, workdir, rows)
+  unit, val_names = data.unit, data.val_names
+  model_cfg = (model_config if data.vocab_size is None
+               else token_run.model_vocab(model_config, data.vocab_size))
   model = DecoderLM(model_cfg, rngs=nnx.Rngs(params=config.train.seed))
   inserted = ""
   if config.get("init_from", ""):
@@ -230,12 +209,12 @@ def lm_task(config, workdir, mesh=None, *, model_config=None) -> Task:
 
   def evaluate(module):
     return evaluate_batches(eval_step, nnx.to_pure_dict(nnx.state(module, nnx.Param)),
-                            val_batches, model_cfg.memory, mesh=mesh, per_doc=last_docs,
+                            data.val_batches, model_cfg.memory, mesh=mesh, per_doc=last_docs,
                             unit=unit)
 
   def finish(module, summary):
     # The final evaluation's loss per validation document, for paired document-level
-    # statistics (experiments/analysis/stats.py); evaluate ran at the last step just before.
+    # statistics (experiments/analysis/stats/); evaluate ran at the last step just before.
     del module
     if val_names is None or not last_docs or jax.process_index() != 0:
       return {}
@@ -246,7 +225,7 @@ def lm_task(config, workdir, mesh=None, *, model_config=None) -> Task:
   saved = saved_config("lm", config, model_cfg)
   return Task(
       module=model, saved_config=saved,
-      batches=batches, loss=functools.partial(lm_loss, mesh=mesh, unit=unit),
+      batches=data.batches, loss=functools.partial(lm_loss, mesh=mesh, unit=unit),
       optim=config.optim, phases=(config.train.steps,), evaluate=evaluate, finish=finish,
       headline=lambda r: f"validation {r[bits_key('eval', unit)]:.4f} bits/{unit}",
       tokens_per_step=dc.batch_size * dc.seq_len, check_mesh=check_mesh,
@@ -254,4 +233,43 @@ def lm_task(config, workdir, mesh=None, *, model_config=None) -> Task:
       placement=layout.placement_rules(model), seq_batches=True, batch_rows=rows,
       # LoRA: the backbone frozen, its factors and any inserted branch trained.
       trainable=lora_trainable if model_cfg.lora is not None else None,
-      description=about + inserted)
+      description=data.about + inserted)
+
+
+class RunData(NamedTuple):
+  """What a run trains and evaluates on: the training batches, the validation batches and
+  their documents' names (None: no per-document losses), the line describing the data,
+  the unit of its bits ("byte", "token") and a token run's vocabulary (None: bytes)."""
+  batches: Any
+  val_batches: Any
+  val_names: Any
+  about: str
+  unit: str
+  vocab_size: int | None
+
+
+def _run_data(config, workdir, rows) -> RunData:
+  """The run's data: a prepare-data directory's tokens (DESIGN.md §4.3) or the byte corpus
+  (its manifest recorded in `workdir`); `rows`: this process's rows of every batch."""
+  # grain is imported here, not at module level: notebooks and machines
+  # without grain still import this package (restore, evaluate, metrics).
+  from experiments.data.pipeline import TrainIterator, eval_batches
+  dc = config.data
+  if token_run.data_kind(config) == "tokens":   # a prepare-data directory (DESIGN.md §4.3)
+    data = token_run.run_data(config, workdir, rows=None if rows is None else rows[:2],
+                              record=jax.process_index() == 0)
+    return RunData(data.batches, data.val_batches, data.val_names, data.description,
+                   "token", data.vocab_size)
+  corpus = load_corpus(corpus_spec(config))
+  allow_change = bool(dc.get("allow_corpus_change", False))
+  if jax.process_index() == 0:
+    record_manifest(corpus, workdir, allow_change=allow_change)
+  batches = TrainIterator(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                          seed=dc.seed, rows=None if rows is None else rows[:2],
+                          allow_corpus_change=allow_change)
+  val_batches, val_names = validation.config_batches(
+      corpus.val_docs, corpus.val_paths, dc,
+      default=lambda: eval_batches(corpus, seq_len=dc.seq_len, batch_size=dc.batch_size,
+                                   max_batches=dc.eval_batches))
+  about = f"corpus {corpus.train_bytes} train / {corpus.val_bytes} validation bytes"
+  return RunData(batches, val_batches, val_names, about, "byte", None)

@@ -1,8 +1,9 @@
 """PVM on Qwen3-VL as a job: Stage I (SFT) and Stage II (GRPO) from a Qwen3-VL checkpoint;
 its hooks (experiments/jobs/registry.py lists them).
 
-  task.py  the stages as trainer tasks, the processor, the memory plan line
-  data.py  conversation batches
+  task.py     the stages as trainer tasks, the processor, the memory plan line
+  data.py     conversation batches
+  planning.py  the plan hooks (`lngram-exp plan`)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from experiments.jobs.registry import Checked
 
 BLOCKS = ("train",)   # the qwen3vl block is checked by check_qwen3vl_config
+A_CONFIG = "a qwen3vl config"
 
 
 def check(config) -> Checked:
@@ -49,6 +51,19 @@ def param_bytes(checked: Checked) -> None:
 def memory_line(checked: Checked, devices: int) -> str:
   from experiments.jobs.qwen3vl.task import plan_line
   return plan_line(checked.config, devices)
+
+
+def planner():
+  """The plan hooks (experiments/jobs/qwen3vl/planning.py)."""
+  from experiments.jobs.qwen3vl import planning
+  return planning
+
+
+def analyze(workdir, restore, *, which=None, step: int | None = None, **options) -> str:
+  """None of the analyses read a Qwen3-VL run: a one-line refusal."""
+  del restore, which, step, options
+  raise ValueError(f"{workdir} is a qwen3vl run; analyze reads LM runs (the ID analyses) "
+                   "and tiny-VLM runs.")
 
 
 def summary(checked: Checked, result: dict) -> str:

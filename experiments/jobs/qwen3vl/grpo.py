@@ -22,15 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.jobs.grpo import completion_logp, policy_hooks
+from experiments.vlm.emoji.rewards import rewards
 from experiments.vlm.qwen3vl.generate import sample
 from experiments.vlm.qwen3vl.positions import rope_index
-from experiments.vlm.emoji.rewards import rewards
 
 
 def sample_completions(model, batch: dict, grid_thw, *, max_new_tokens: int, rng,
                        temperature: float = 1.0, eos: int | None = None):
   """(tokens int32 [B, N], log π_old float32 [B, N]) continuing each right-packed prompt
-  (the one Qwen3-VL sampler, experiments/vlm/qwen3vl/generate.py).
+  (the one sampler, experiments/models/generate.py, through Qwen3-VL's `sample`).
 
   batch: input_ids / attention_mask [B, Tp] (real tokens first), lengths [B],
   pixel_values [n, P]; grid_thw [images, 3]. eos: a row ends at this token (kept);

@@ -145,8 +145,8 @@ def _processor(q, workdir: Path) -> Qwen3VLProcessor:
         if (Path(q.hf_dir) / name).is_file():
           shutil.copyfile(Path(q.hf_dir) / name, own / name)
     else:
-      from experiments.hf.qwen3vl.tiny_processor import write_tiny_processor_dir
-      write_tiny_processor_dir(own)
+      from experiments.hf.qwen3vl.synthetic_processor import write_synthetic_processor_dir
+      write_synthetic_processor_dir(own)
   return Qwen3VLProcessor.from_dir(own)
 
 
@@ -255,9 +255,9 @@ def abstract_params(config):
 def _smoke_processor():
   import tempfile
 
-  from experiments.hf.qwen3vl.tiny_processor import write_tiny_processor_dir
+  from experiments.hf.qwen3vl.synthetic_processor import write_synthetic_processor_dir
   with tempfile.TemporaryDirectory() as tmp:
-    return Qwen3VLProcessor.from_dir(write_tiny_processor_dir(Path(tmp) / "p"))
+    return Qwen3VLProcessor.from_dir(write_synthetic_processor_dir(Path(tmp) / "p"))
 
 
 def plan_line(config, devices: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from experiments.jobs.registry import Checked
 
 BLOCKS = ("train",)   # the vlm block is checked by vlm_config
+A_CONFIG = "a vlm config"
 
 
 def check(config) -> Checked:
@@ -52,6 +53,21 @@ def param_bytes(checked: Checked) -> int:
 
 def memory_line(checked: Checked, devices: int) -> None:
   del checked, devices   # the tiny VLM fits anywhere
+
+
+def planner() -> None:
+  """None: `lngram-exp plan` does not plan the tiny VLM."""
+
+
+def analyze(workdir, restore, *, which=None, step: int | None = None, n: int = 32,
+            max_new_tokens: int | None = None) -> str:
+  """Attention decay, accuracy by length, LogitLens and grounding over `n` validation
+  scenes (experiments/analysis/vlm_run.py); the line `lngram-exp analyze` prints."""
+  from experiments.analysis.vlm_run import ANALYSES
+  from experiments.analysis.vlm_run import analyze as analyze_vlm
+  out = analyze_vlm(workdir, restore=restore, which=tuple(which or ANALYSES), step=step, n=n,
+                    max_new_tokens=max_new_tokens)
+  return f"wrote {sorted(out)} (.json, .png) into {workdir}"
 
 
 def summary(checked: Checked, result: dict) -> str:

@@ -9,8 +9,8 @@ import numpy as np
 
 from experiments.jobs.grpo import completion_logp, policy_hooks
 from experiments.models.generate import generate
-from experiments.vlm.tiny.data import EOS, decode
 from experiments.vlm.emoji.rewards import rewards
+from experiments.vlm.tiny.data import EOS, decode
 
 
 def token_logp(model, images, prompt_BxT, lengths_B, completion_BxN):

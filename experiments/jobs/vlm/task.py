@@ -27,11 +27,11 @@ from experiments.jobs.saved import resume_check, saved_config
 from experiments.jobs.vlm import loss as vlm_loss
 from experiments.jobs.vlm.grpo import grpo_hooks
 from experiments.trainer import Task, durable, writers
+from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 from experiments.vlm.tiny.config import vlm_config
 from experiments.vlm.tiny.data import SceneSampler
 from experiments.vlm.tiny.model import VLM
 from experiments.vlm.tiny.scenes import scene_config, split_data
-from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 
 log = logging.getLogger("experiments")
 STAGES = ("pretrain", "sft", "grpo")

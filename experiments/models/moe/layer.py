@@ -55,9 +55,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiments.models.layers import SwiGLU, normal
 from experiments.models.moe import parallel as moe_parallel
 from experiments.models.moe import reference as moe_reference
-from experiments.models.layers import SwiGLU, normal
 from kernels.grouped_matmul import grouped_matmul
 from lngram_jax import dataclass_json
 

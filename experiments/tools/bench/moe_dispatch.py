@@ -69,8 +69,8 @@ def _compile(module, call, devices, mesh_block: dict, tokens_per_chip: int) -> d
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
+  from experiments.jobs.abstract import bytes_per_device
   from experiments.models.layout import BATCH_AXES, EXPERT_WEIGHTS
-  from experiments.plan.abstract import bytes_per_device
   from experiments.plan.collectives import collective_bytes
   from experiments.plan.report import no_compilation_cache
   from experiments.trainer import placement

@@ -2,7 +2,7 @@
 
     python -m experiments.tools.bench.qwen3vl_sampler [--batch 4 --prompt 24 --new-tokens 32 --repeats 3]
 
-A tiny random Qwen3-VL (experiments/vlm/qwen3vl/tiny.py, PVM at layer 1 with its gate
+A tiny random Qwen3-VL (experiments/vlm/qwen3vl/random_config.py, PVM at layer 1 with its gate
 open), every row one image (grid 1×4×4: 4 visual tokens) and text. Three samplers,
 greedy, each warmed up once (compilation excluded), then timed in alternating rounds
 so that all see the same machine load:
@@ -33,7 +33,7 @@ from experiments.vlm.qwen3vl.generate import (
 )
 from experiments.vlm.qwen3vl.model import Qwen3VL
 from experiments.vlm.qwen3vl.pvm import with_pvm
-from experiments.vlm.qwen3vl.tiny import TINY_VOCAB, tiny_config
+from experiments.vlm.qwen3vl.random_config import RANDOM_VOCAB, random_qwen3vl_config
 
 GRID = (1, 4, 4)   # 16 patches of 3·2·4·4 values -> 4 merged image tokens
 
@@ -41,7 +41,7 @@ GRID = (1, 4, 4)   # 16 patches of 3·2·4·4 values -> 4 merged image tokens
 def build(batch: int, prompt: int, seed: int = 0):
   """(model, inputs): the tiny PVM model and `batch` rows of [image | text] (`prompt`
   tokens in all, right-padded to the longest; rows 1 token shorter each, cyclically)."""
-  model = Qwen3VL(with_pvm(tiny_config(), layers=(1,), latent_dim=32), rngs=nnx.Rngs(seed))
+  model = Qwen3VL(with_pvm(random_qwen3vl_config(), layers=(1,), latent_dim=32), rngs=nnx.Rngs(seed))
   model.lm.blocks[1].ffn_branch.gate[...] = jnp.asarray(0.5, jnp.float32)
   c = model.config
   rng = np.random.default_rng(seed)
@@ -52,7 +52,7 @@ def build(batch: int, prompt: int, seed: int = 0):
   mask = np.zeros_like(ids)
   for b in range(batch):
     n = prompt - b % 4
-    ids[b, :n] = head + list(rng.integers(0, TINY_VOCAB - 8, n - len(head)))
+    ids[b, :n] = head + list(rng.integers(0, RANDOM_VOCAB - 8, n - len(head)))
     mask[b, :n] = 1
   inputs = dict(input_ids=ids, attention_mask=mask,
                 pixel_values=rng.normal(size=(16 * batch, 96)).astype(np.float32),

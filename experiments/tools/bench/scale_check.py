@@ -59,7 +59,6 @@ Imports no grain (the GPU machine has none): batches are packed here with
 from __future__ import annotations
 
 import argparse
-import bisect
 import importlib.metadata
 import importlib.util
 import json
@@ -71,32 +70,17 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from flax import nnx
 
-from experiments.configs import load_config
 from experiments.data import validation
 from experiments.data.corpus import corpus_spec, load_corpus, write_manifest
 from experiments.data.packing import epoch_order, num_rows, pack_row
-from experiments.jobs.lm.task import lm_loss
-from experiments.models import DecoderLM, lm_config
-from experiments.models.arms import engram as engram_arm
-from experiments.models.arms import lngram_v1 as v1_arm
-from experiments.models.params import branch_param_count, memory_params
+from experiments.tools.bench.scale_check_arms import ARMS, arm_configs, param_markdown, param_table
+from experiments.tools.bench.scale_check_train import train_arm
 from experiments.tools.reproduce import records as run_records
 from experiments.tools.reproduce.design import DECLARED, FAMILIES, RECORDS, declaration_digest
-from experiments.trainer import optimizer as optim_lib
-from experiments.trainer.placement import make_train_mesh
-from experiments.trainer.state import init_train_state
 
 FAMILY = "scale_check"
 SCALE_DESIGN = 2          # 1: the one-seed check on the retired two-file validation
-# name, config file[:arg] before matching (`arm_configs` sizes lngram_v1 and engram).
-ARMS = (
-    ("baseline", "lm_baseline.py"),
-    ("lngram_r16", "lm_lngram.py:r16"),
-    ("lngram_v1", "lm_lngram_v1.py"),
-    ("engram", "lm_engram.py"),
-)
 # The scale-up: the backbone, the rows, the schedule (the arms' memory configs are their own).
 SCALE = dict(model=dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64,
                         ffn_dim=1536, max_len=512, dtype="bfloat16", param_dtype="float32"),
@@ -107,118 +91,7 @@ SMOKE = dict(model=dict(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_di
              memory_layers=(1,), seq_len=32, batch_size=2, steps=4, lr=1e-3, warmup_steps=1,
              log_every=2, eval_every=4, max_files=6, val_doc_cap=256)
 MIN_TRAIN_BYTES = 30_000_000
-CONFIG_DIR = "experiments/configs"
 SCALE_RECORDS = Path(RECORDS) / FAMILY
-
-
-# --- the arms, matched by the parameter accounting ----------------------------------------
-
-
-def arm_config(spec: str, scale: dict, *, smoke: bool, seed: int):
-  """The arm's experiment config at `scale` (smoke: its own `smoke` shrink first)."""
-  path, _, arg = spec.partition(":")
-  arg = ",".join(a for a in (arg, "smoke" if smoke else "") if a)
-  c = load_config(f"{CONFIG_DIR}/{path}" + (f":{arg}" if arg else ""))
-  c.model.update(vocab_size=256, **scale["model"])
-  if c.model.memory_layers:
-    c.model.memory_layers = tuple(scale["memory_layers"])
-  c.data.update(seq_len=scale["seq_len"], batch_size=scale["batch_size"], seed=seed,
-                max_files=scale.get("max_files", 0), dedup_validation=True)
-  if scale.get("val_doc_cap"):
-    c.data.val_doc_cap = scale["val_doc_cap"]
-  c.optim.update(lr=scale["lr"], warmup_steps=scale["warmup_steps"])
-  c.train.update(steps=scale["steps"], seed=seed)
-  return c
-
-
-def _memory(config):
-  return lm_config(config).memory
-
-
-def match_v1(v2_memory, d_model: int, *, max_dm: int = 256) -> tuple[int, int]:
-  """(routes, Dm) of v1 at v2's active parameters a layer: v2's routes and bits (router
-  d -> R·M), the row width whose active count is closest to v2's."""
-  target = branch_param_count(v2_memory)["active"]
-
-  def active(dm):
-    return branch_param_count(v1_arm.LngramV1Config(
-        d_model=d_model, bits=v2_memory.bits, orders=v2_memory.orders, mem_dim=dm,
-        n_routes=v2_memory.routes))["active"]
-
-  dm = min(range(1, max_dm + 1), key=lambda m: (abs(active(m) - target), m))
-  return v2_memory.routes, dm
-
-
-def match_engram(v2_memory, engram_memory) -> int:
-  """Engram's table base whose tables hold v2's table parameters most closely (ties: the
-  smaller), by bisection (the tables grow with the base)."""
-  target = branch_param_count(v2_memory)["tables"]
-
-  def tables(base):
-    return branch_param_count(engram_arm.EngramConfig(**{
-        **{f: getattr(engram_memory, f) for f in ("d_model", "orders", "heads", "head_dim",
-                                                   "vocab_size", "case_fold", "hash_seed")},
-        "table_base": base}))["tables"]
-
-  high = 2
-  while tables(high) < target:
-    high *= 2
-  first = bisect.bisect_left(range(high + 1), target, lo=2, key=tables)  # tables >= target
-  return min((b for b in (first - 1, first) if b >= 2),
-             key=lambda b: (abs(tables(b) - target), b))
-
-
-def arm_configs(scale: dict, *, smoke: bool, seed: int, names=None) -> dict:
-  """{arm: (spec, config)} with lngram_v1 and engram matched to lngram_r16 at `scale`."""
-  v2 = _memory(arm_config("lm_lngram.py:r16", scale, smoke=smoke, seed=seed))
-  d = scale["model"]["d_model"]
-  out = {}
-  for name, spec in ARMS:
-    if names is not None and name not in names:
-      continue
-    if name == "lngram_v1":
-      routes, dm = match_v1(v2, d)
-      spec = f"lm_lngram_v1.py:r{routes},mem{dm}"
-      config = arm_config(spec, scale, smoke=smoke, seed=seed)
-      config.model.memory.update(bits=v2.bits)   # v2's router width (R·M) at any scale
-    elif name == "engram":
-      eng = _memory(arm_config(spec, scale, smoke=smoke, seed=seed))
-      spec = f"lm_engram.py:base{match_engram(v2, eng)}"
-      config = arm_config(spec, scale, smoke=smoke, seed=seed)
-    else:
-      config = arm_config(spec, scale, smoke=smoke, seed=seed)
-    out[name] = (spec, config)
-  return out
-
-
-def param_table(configs: dict) -> list[dict]:
-  """Per arm: backbone, memory total / active / tables (all layers), from the configs."""
-  rows = []
-  for name, (spec, config) in configs.items():
-    model = lm_config(config)
-    shapes = nnx.eval_shape(lambda m=model: DecoderLM(m, rngs=nnx.Rngs(params=0)))
-    total = int(sum(v.size for _, v in nnx.to_flat_state(nnx.state(shapes, nnx.Param))))
-    mem_total, mem_active = memory_params(model)
-    per_layer = branch_param_count(model.memory) if model.memory is not None else {}
-    tables = len(model.memory_layers) * int(per_layer.get("tables", per_layer.get("values", 0)))
-    rows.append({"arm": name, "config": spec, "backbone": total - mem_total,
-                 "memory_total": int(mem_total), "memory_active": int(mem_active),
-                 "memory_tables": tables})
-  return rows
-
-
-def param_markdown(rows: list[dict]) -> str:
-  ref = next((r for r in rows if r["arm"] == "lngram_r16"), None)
-
-  def ratio(r, key):
-    return f" ({r[key] / ref[key]:.3f}x)" if ref and ref[key] and r[key] else ""
-
-  lines = ["| arm | config | backbone | memory total | memory active | memory tables |",
-           "|---|---|---:|---:|---:|---:|"]
-  lines += [f"| {r['arm']} | `{r['config']}` | {r['backbone']:,} | {r['memory_total']:,}"
-            f"{ratio(r, 'memory_total')} | {r['memory_active']:,}{ratio(r, 'memory_active')} | "
-            f"{r['memory_tables']:,}{ratio(r, 'memory_tables')} |" for r in rows]
-  return "\n".join(lines)
 
 
 # --- data ---------------------------------------------------------------------------------
@@ -289,117 +162,6 @@ def check_data(corpus, scale: dict, *, smoke: bool) -> None:
         f"{MIN_TRAIN_BYTES // 1_000_000} MB of text>.")
 
 
-# --- training one arm x seed --------------------------------------------------------------
-
-
-def _param_count(params) -> int:
-  return int(sum(x.size for x in jax.tree.leaves(params)))
-
-
-def _make_eval(graphdef):
-  """eval(params, rest, batch) -> (nats, targets) per row: a validation row holds one
-  document (experiments/data/validation.py)."""
-  @jax.jit
-  def evaluate(params, rest, batch):
-    model = nnx.merge(graphdef, params, rest)
-    hidden, _ = model(batch["inputs"], segment_ids=batch["segment_ids"],
-                      positions=batch["positions"], return_aux=True, return_hidden=True)
-    mask = batch["loss_mask"].astype(np.float32)
-    nats = model.token_nll(hidden, batch["targets"]) * mask
-    return nats.sum(axis=1), mask.sum(axis=1)
-  return evaluate
-
-
-def evaluate(eval_fn, params, rest, batches, n_docs: int) -> tuple[float, np.ndarray, np.ndarray]:
-  """(bits per byte, nats per document, targets per document) over the validation batches."""
-  nats_D, tokens_D = np.zeros(n_docs), np.zeros(n_docs)
-  for b in batches:
-    batch = {k: v for k, v in b.items() if k != "doc"}
-    row_nats, row_tokens = jax.device_get(eval_fn(params, rest, batch))
-    for d, n, t in zip(b["doc"], np.asarray(row_nats, np.float64),
-                       np.asarray(row_tokens, np.float64), strict=True):
-      if d >= 0:
-        nats_D[d] += n
-        tokens_D[d] += t
-  return float(nats_D.sum() / max(tokens_D.sum(), 1.0) / np.log(2.0)), nats_D, tokens_D
-
-
-def train_arm(name: str, config, rows: Rows, val: tuple, scale: dict, *, deadline: float,
-              workdir: Path, stamp: dict | None = None) -> dict:
-  """Trains one arm x seed in `workdir` (metrics.jsonl as it runs; at the end
-  eval_per_doc.json); returns its summary (status "done", "skipped" or "truncated").
-  `val`: (validation batches, DocNames). After compiling, `probe_steps` steps warm up and
-  the next `probe_steps` are timed: the projected end decides whether it goes on."""
-  val_batches, names = val
-  workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  if stamp is not None:
-    (workdir / "repro.json").write_text(json.dumps(stamp, indent=1) + "\n")
-  probe_steps = max(1, min(5, (config.train.steps - 1) // 3))
-  t0 = time.perf_counter()
-  model = DecoderLM(lm_config(config), rngs=nnx.Rngs(params=config.train.seed))
-  ts = init_train_state(model, config.optim, (config.train.steps,), make_train_mesh({}))
-  del model
-  lr = optim_lib.learning_rate_schedule(config.optim, config.train.steps)
-  step_fn = ts.step_fn(0, lm_loss, lr)
-  eval_fn = _make_eval(ts.graphdef)
-  state, rest = ts.state, ts.rest
-  out = {"arm": name, "params": _param_count(state["params"]), "steps": config.train.steps}
-  state, metrics = step_fn(state, rest, rows.batch(0, scale["batch_size"]))
-  jax.block_until_ready(metrics)
-  out["compile_s"] = round(time.perf_counter() - t0, 2)
-  curve = (workdir / "metrics.jsonl").open("w")
-  steps, status, timed_from, t_timed = config.train.steps, "done", None, None
-  last_log, t_log = 1, time.perf_counter()
-  try:
-    step = 1
-    while step < steps:
-      if step == 1 + probe_steps:
-        jax.block_until_ready(metrics)
-        timed_from, t_timed = step, time.perf_counter()
-      state, metrics = step_fn(state, rest, rows.batch(step, scale["batch_size"]))
-      step += 1
-      if timed_from is not None and step == timed_from + probe_steps:
-        jax.block_until_ready(metrics)
-        per_step = (time.perf_counter() - t_timed) / probe_steps
-        out["step_s"] = round(per_step, 5)
-        # The remaining steps, and one evaluation pass per eval_every (about a step each).
-        n_evals = steps // scale["eval_every"] + 1
-        projected = time.perf_counter() + per_step * (steps - step + n_evals * len(val_batches))
-        if projected > deadline:
-          out.update(status="skipped", reason=f"projected end {projected - deadline:.0f} s past "
-                     f"the deadline ({per_step * 1e3:.1f} ms/step)")
-          return out
-      if step % scale["log_every"] == 0 or step == steps:
-        bits = float(jax.device_get(metrics["train/bits_per_byte"]))
-        now = time.perf_counter()
-        row = {"step": step, "train/bits_per_byte": bits,
-               "time/step_s": (now - t_log) / max(step - last_log, 1),
-               "t_s": round(now - t0, 2)}
-        last_log, t_log = step, now
-        if step % scale["eval_every"] == 0 or step == steps:
-          row["eval/bits_per_byte"], nats_D, tokens_D = evaluate(
-              eval_fn, state["params"], rest, val_batches, len(names))
-          t_log = time.perf_counter()   # the evaluation is not a step's time
-        curve.write(json.dumps(row) + "\n")
-        curve.flush()
-        if not np.isfinite(bits):
-          raise FloatingPointError(f"{name}: train bits/byte {bits} at step {step}")
-      # Past the deadline after the probe has let the run go on: stop, keep the curve.
-      if "step_s" in out and time.perf_counter() > deadline and step < steps:
-        status = "truncated"
-        break
-    if status == "done" and step == steps:   # the last logged row evaluated at `steps`
-      validation.write_per_doc(workdir, steps, "byte", names, nats_D, tokens_D)
-      out["final_eval_bpb"] = float(nats_D.sum() / max(tokens_D.sum(), 1.0) / np.log(2.0))
-    out.update(status=status, trained_steps=step, wall_s=round(time.perf_counter() - t0, 2))
-    if timed_from is not None and "step_s" not in out:
-      out["step_s"] = round((time.perf_counter() - t_timed) / max(step - timed_from, 1), 5)
-    return out
-  finally:
-    curve.close()
-
-
 # --- the check ----------------------------------------------------------------------------
 
 
@@ -442,14 +204,7 @@ def run(out_dir, *, smoke: bool = False, budget_s: float = 840.0, arms=None, see
   scale = dict(SMOKE if smoke else SCALE)
   if steps:
     scale["steps"] = steps
-  unknown = set(arms or ()) - {n for n, _ in ARMS}
-  if unknown:
-    raise ValueError(f"scale_check: unknown arms {sorted(unknown)}; "
-                     f"choose from {[n for n, _ in ARMS]}.")
-  digest = declaration_digest(FAMILIES[FAMILY])
-  if digest != DECLARED[FAMILY]:
-    raise ValueError(f"scale_check: the family {FAMILY!r} differs from its declaration "
-                     f"(digest {digest[:16]}… vs {DECLARED[FAMILY][:16]}…).")
+  digest = _declared_digest(arms)
   seeds = tuple(int(s) for s in seeds)
   folder, about = resolve_data(data)
   configs = arm_configs(scale, smoke=smoke, seed=seeds[0], names=arms)
@@ -458,32 +213,17 @@ def run(out_dir, *, smoke: bool = False, budget_s: float = 840.0, arms=None, see
       f"{param_markdown(table)}")
   first = next(iter(configs.values()))[1]
   first.data.path = folder
-  corpus = load_corpus(corpus_spec(first))
   record = steps is None
-  check_data(corpus, scale, smoke=smoke or not record)
-  data_sha = corpus.manifest["content_sha256"]
-  about |= {"sha256": data_sha, "train_bytes": corpus.train_bytes,
-            "train_files": len(corpus.train_paths), "val_files": len(corpus.val_paths),
-            "epochs": round(epochs(corpus, scale), 4)}
-  batches, names = validation.config_batches(
-      corpus.val_docs, corpus.val_paths, first.data, default=list,
-      train=(corpus.train_paths, corpus.train_docs))
-  val_units = int(sum(b["loss_mask"].sum() for b in batches))
-  dedup = names.dedup.describe() if names.dedup is not None else {}
-  val_about = {"docs": len(names), "units": val_units,
-               "largest_share": round(_largest_share(batches, len(names)), 6),
-               "removed_count": dedup.get("count", 0), "removed": dedup.get("removed", [])}
-  log(f"[scale_check] data {about['spec']} sha256 {data_sha[:16]}…: {corpus.train_bytes:,} "
-      f"training bytes, {about['epochs']:.2f} epochs a run; validation {len(names)} "
-      f"documents, {val_units:,} scored bytes, {val_about['removed_count']} left out as "
-      f"near-duplicates of training files")
+  corpus, (batches, names), val_about = _load_data(first, scale, about,
+                                                   smoke=smoke or not record, log=log)
+  data_sha = about["sha256"]
   records_dir = Path(records) if records else (out_dir / "records" if smoke else SCALE_RECORDS)
   searched = [records_dir] + ([] if smoke or records_dir == SCALE_RECORDS else [SCALE_RECORDS])
   result = {"smoke": smoke, "scale": dict(scale), "budget_s": budget_s,
             "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
             "jax": jax.__version__, "python": platform.python_version(),
             "tokens_per_step": scale["seq_len"] * scale["batch_size"], "data": about,
-            "validation": val_about, "val_tokens": val_units, "declared": digest,
+            "validation": val_about, "val_tokens": val_about["units"], "declared": digest,
             "params": table, "seeds": list(seeds), "records": str(records_dir), "arms": []}
   summary_path = out_dir / "scale_check.json"
   compiles: list[float] = []
@@ -505,13 +245,7 @@ def run(out_dir, *, smoke: bool = False, budget_s: float = 840.0, arms=None, see
       else:
         log(f"[scale_check] {key} ({spec}): {left:.0f} s left")
         workdir = out_dir / "runs" / key
-        params = next(r for r in table if r["arm"] == name)
-        stamp = {"design": SCALE_DESIGN, "key": f"{FAMILY}/{key}", "arm": name, "seed": seed,
-                 "config": spec, "steps": scale["steps"], "smoke": smoke,
-                 "declared": {FAMILY: digest}, "scale": {k: v for k, v in scale.items()},
-                 "data": about, "validation": val_about, "params": params,
-                 "device": result["device"], "backend": result["backend"],
-                 "jax": result["jax"], "python": result["python"]}
+        stamp = _stamp(result, key, name, seed, spec)
         arm = train_arm(name, config, Rows(corpus, scale["seq_len"], seed), (batches, names),
                         scale, deadline=deadline, workdir=workdir, stamp=stamp)
         entry |= arm
@@ -529,6 +263,57 @@ def run(out_dir, *, smoke: bool = False, budget_s: float = 840.0, arms=None, see
   result["wall_s"] = round(time.perf_counter() - start, 2)
   summary_path.write_text(json.dumps(result, indent=1))
   return result
+
+
+def _declared_digest(arms) -> str:
+  """The family's declaration digest; refuses an unknown arm, and a family that differs
+  from its declaration (experiments/tools/reproduce/design.py)."""
+  unknown = set(arms or ()) - {n for n, _ in ARMS}
+  if unknown:
+    raise ValueError(f"scale_check: unknown arms {sorted(unknown)}; "
+                     f"choose from {[n for n, _ in ARMS]}.")
+  digest = declaration_digest(FAMILIES[FAMILY])
+  if digest != DECLARED[FAMILY]:
+    raise ValueError(f"scale_check: the family {FAMILY!r} differs from its declaration "
+                     f"(digest {digest[:16]}… vs {DECLARED[FAMILY][:16]}…).")
+  return digest
+
+
+def _load_data(first, scale: dict, about: dict, *, smoke: bool, log):
+  """(corpus, (validation batches, DocNames), what the validation set is) of the first arm's
+  data config; refuses data a run would see once or more (unless `smoke`); adds the data's
+  hash, sizes and epochs a run to `about`."""
+  corpus = load_corpus(corpus_spec(first))
+  check_data(corpus, scale, smoke=smoke)
+  data_sha = corpus.manifest["content_sha256"]
+  about |= {"sha256": data_sha, "train_bytes": corpus.train_bytes,
+            "train_files": len(corpus.train_paths), "val_files": len(corpus.val_paths),
+            "epochs": round(epochs(corpus, scale), 4)}
+  batches, names = validation.config_batches(
+      corpus.val_docs, corpus.val_paths, first.data, default=list,
+      train=(corpus.train_paths, corpus.train_docs))
+  val_units = int(sum(b["loss_mask"].sum() for b in batches))
+  dedup = names.dedup.describe() if names.dedup is not None else {}
+  val_about = {"docs": len(names), "units": val_units,
+               "largest_share": round(_largest_share(batches, len(names)), 6),
+               "removed_count": dedup.get("count", 0), "removed": dedup.get("removed", [])}
+  log(f"[scale_check] data {about['spec']} sha256 {data_sha[:16]}…: {corpus.train_bytes:,} "
+      f"training bytes, {about['epochs']:.2f} epochs a run; validation {len(names)} "
+      f"documents, {val_units:,} scored bytes, {val_about['removed_count']} left out as "
+      f"near-duplicates of training files")
+  return corpus, (batches, names), val_about
+
+
+def _stamp(result: dict, key: str, name: str, seed: int, spec: str) -> dict:
+  """The run directory's repro.json: what a record of this arm x seed was trained under."""
+  scale = result["scale"]
+  return {"design": SCALE_DESIGN, "key": f"{FAMILY}/{key}", "arm": name, "seed": seed,
+          "config": spec, "steps": scale["steps"], "smoke": result["smoke"],
+          "declared": {FAMILY: result["declared"]}, "scale": dict(scale),
+          "data": result["data"], "validation": result["validation"],
+          "params": next(r for r in result["params"] if r["arm"] == name),
+          "device": result["device"], "backend": result["backend"],
+          "jax": result["jax"], "python": result["python"]}
 
 
 def _largest_share(batches, n_docs: int) -> float:

@@ -212,7 +212,7 @@ def run_recipe(recipe: Recipe) -> dict:
 def peak_buffers_of(r: dict) -> dict | None:
   """The plan's largest buffers live at the memory peak (experiments/plan/buffers.py),
   source files relative to the repository; None where the compiler wrote no listing."""
-  from experiments.plan.report import _short_path
+  from experiments.plan.text import _short_path
   peak = r.get("buffers")
   if peak is None:
     return None

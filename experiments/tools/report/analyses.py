@@ -1,9 +1,9 @@
 """The Lngram reproduction report's analysis parts (`experiments.tools.report` prints them).
 
-The ID analyses (§3, App. C) are `experiments.tools.report.ids` (re-exported here: every
-seed of r16 and r64 and the random-router control); this module adds the insertion
-comparison (App. B, address stability B.2 and injection B.3), read from the JSON
-files that `lngram-exp analyze` writes into `<run>/analysis/`, with the paper's
+The ID analyses (§3, App. C) are `experiments.tools.report.ids` and `.id_claims`
+(re-exported here: every seed of r16 and r64 and the random-router control); this module
+adds the insertion comparison (App. B, address stability B.2 and injection B.3), read from
+the JSON files that `lngram-exp analyze` writes into `<run>/analysis/`, with the paper's
 numbers imported from the analysis modules, and the summary-table rows (claim,
 paper, ours, verdict) of both. What is missing prints as "pending: <why>", never an
 error.
@@ -25,7 +25,8 @@ from experiments.analysis.injection import PAPER_TABLE7, PAPER_TABLE8
 from experiments.analysis.stability import PAPER_TABLE6
 from experiments.tools import reproduce
 from experiments.tools.report.collect import collect, finals, mean_std, read_analysis
-from experiments.tools.report.ids import _guarded, id_claims, id_section
+from experiments.tools.report.id_claims import id_claims
+from experiments.tools.report.ids import _guarded, id_section
 
 __all__ = ["analysis_claims", "id_claims", "id_section", "insertion_section"]
 

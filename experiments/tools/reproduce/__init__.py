@@ -18,7 +18,7 @@ shared file system; a shard skips a run whose start is another shard's and not d
 Every run is an ordinary `lngram-exp train` of `experiments/configs/repro_lm.py:<setting>,
 <arm>`; the seed sets the parameters and the batch order, and since memory branches draw
 their init after the backbone, the runs of one seed share the backbone's init and data:
-arms are compared paired by seed (experiments/analysis/stats.py, `python -m experiments.tools.report`).
+arms are compared paired by seed (experiments/analysis/stats/, `python -m experiments.tools.report`).
 
 Every run that finishes (and every analysis written) is RECORDED: the few files its
 numbers come from (stamp, metrics, per-document evaluation, analyses, provenance;

@@ -29,7 +29,13 @@ from experiments.vlm.emoji.emoji_scenes import (
     sample_scene,
     split_of,
 )
-from experiments.vlm.emoji.rewards import accuracy_reward, format_reward, parse_answer, reward, rewards
+from experiments.vlm.emoji.rewards import (
+    accuracy_reward,
+    format_reward,
+    parse_answer,
+    reward,
+    rewards,
+)
 
 __all__ = [
     "CAPTION_PROMPT",

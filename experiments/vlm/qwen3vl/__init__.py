@@ -5,7 +5,8 @@ patch embedding, interpolated position table, 2-D rotary ViT, mergers),
 `positions` (`rope_index`: transformers' [3, B, T] position ids), `model`
 (`Qwen3VL`), `generate` (`sample` / `greedy_generate`: the compiled prefill and one
 compiled decode loop over the KV cache, rows ending at their end token; the uncached
-reference twin), `tiny` (`tiny_config`, a CPU-sized random model). Inputs:
+reference twin), `random_config` (`random_qwen3vl_config`, a CPU-sized random model
+for tests and benchmarks). Inputs:
 `image` (smart_resize, normalise, patchify), `conversations` (LLaVA JSONL -> examples,
 collate), `emoji_jsonl` (the default data). PVM on it: `pvm` (with_pvm,
 authors_pvm_config, smoke_config, PAPER_LAYERS).

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.models.branches import BranchContext
+from experiments.models.generate import Prompt, last_logits
 from experiments.models.lm import DecoderLM
 from experiments.vlm.qwen3vl.config import Qwen3VLConfig
 from experiments.vlm.qwen3vl.positions import rope_index
@@ -172,9 +173,22 @@ class Qwen3VL(nnx.Module):
 
   def prefill(self, input_ids_BxT, *, pixel_values=None, image_grid_thw=None,
               attention_mask_BxT=None, mm_token_type_ids=None, cache_len: int):
-    """(logits_BxTxV, cache) over right-padded prompts (`generate.pack_right` packs
-    any padding): the vision tower runs once; the cache holds every layer's K/V,
+    """(logits_BxTxV, cache) over right-padded prompts (`pack_right` packs any
+    padding): the vision tower runs once; the cache holds every layer's K/V,
     the PVM layers' visual K/V, and each row's next position (rope deltas)."""
+    prompt = self.right_padded_prompt(
+        input_ids_BxT, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+        attention_mask_BxT=attention_mask_BxT, mm_token_type_ids=mm_token_type_ids)
+    static = dict(prompt.static)
+    return _prefill(self, prompt.tokens_BxT, prompt.inputs["pixel_values"], prompt.lengths_B,
+                    prompt.inputs["positions"], grid_thw=static["grid_thw"],
+                    cache_len=cache_len, n_visual=static["n_visual"])
+
+  def right_padded_prompt(self, input_ids_BxT, *, pixel_values=None, image_grid_thw=None,
+                          attention_mask_BxT=None, mm_token_type_ids=None) -> Prompt:
+    """The prefill's `Prompt` of right-padded rows, built on the host: the checks, the
+    multimodal positions [3, B, T] (inputs "positions", with "pixel_values") and the
+    static image grids and visual width."""
     ids = np.asarray(input_ids_BxT)
     B, T = ids.shape
     mask_BxT = (np.ones((B, T), bool) if attention_mask_BxT is None
@@ -189,10 +203,11 @@ class Qwen3VL(nnx.Module):
                 else tuple(tuple(int(n) for n in row) for row in np.asarray(image_grid_thw)))
     self.check_image_tokens(ids, grid_thw)
     position_3xBxT = self.positions(ids, image_grid_thw, mask_BxT, mm_token_type_ids)
-    return _prefill(self, jnp.asarray(ids), None if pixel_values is None
-                    else jnp.asarray(pixel_values), jnp.asarray(lengths_B, jnp.int32),
-                    position_3xBxT, grid_thw=grid_thw, cache_len=cache_len,
-                    n_visual=self.visual_width(ids))
+    return Prompt(
+        tokens_BxT=jnp.asarray(ids), lengths_B=jnp.asarray(lengths_B, jnp.int32),
+        inputs={"pixel_values": None if pixel_values is None else jnp.asarray(pixel_values),
+                "positions": position_3xBxT},
+        static=(("grid_thw", grid_thw), ("n_visual", self.visual_width(ids)), ("mesh", None)))
 
   def decode_step(self, tokens_Bx1, cache):
     """One text token per row (t = h = w = the cache's next position); returns
@@ -200,16 +215,81 @@ class Qwen3VL(nnx.Module):
     ctx = BranchContext(text_mask_BxT=jnp.ones(tokens_Bx1.shape, bool))
     return self.lm.decode_step(tokens_Bx1, cache, context=ctx)
 
+  # --- the sampler's protocol (experiments/models/generate.py) -------------------
+
+  @property
+  def decoder(self) -> DecoderLM:
+    """The decoder whose max_len and vocabulary bound sampling."""
+    return self.lm
+
+  def sampling_prompt(self, inputs: dict, *, prompt_lengths=None, images=None) -> Prompt:
+    """A processor's batch (numpy; rows padded on either side) as `prefill_prompt`
+    reads it: each row packed to the right (`pack_right`), then `right_padded_prompt`."""
+    if prompt_lengths is not None or images is not None:
+      raise ValueError("generate: Qwen3-VL samples from its processor's batch (input_ids, "
+                       "attention_mask, pixel_values, image_grid_thw); pass no "
+                       "prompt_lengths= or images=.")
+    packed = pack_right(inputs)
+    return self.right_padded_prompt(
+        packed["input_ids"], pixel_values=packed.get("pixel_values"),
+        image_grid_thw=packed.get("image_grid_thw"),
+        attention_mask_BxT=packed["attention_mask"],
+        mm_token_type_ids=packed.get("mm_token_type_ids"))
+
+  def prefill_prompt(self, prompt: Prompt, *, cache_len: int):
+    """(logits_BxV at each row's last prompt token, cache), traceable."""
+    static = dict(prompt.static)
+    logits_BxTxV, cache = prefill_packed(
+        self, prompt.tokens_BxT, prompt.inputs["pixel_values"], prompt.lengths_B,
+        prompt.inputs["positions"], grid_thw=static["grid_thw"], cache_len=cache_len,
+        n_visual=static["n_visual"], mesh=static["mesh"])
+    return last_logits(logits_BxTxV, prompt.lengths_B), cache
+
+  def prompt_logits(self, prompt: Prompt, tokens_BxS, valid_BxS):
+    raise ValueError("generate: Qwen3-VL decodes with its cache only; the uncached "
+                     "reference is experiments.vlm.qwen3vl.generate.greedy_generate_uncached.")
+
+
+def pack_right(inputs: dict) -> dict:
+  """The dict with each row's real tokens moved to the front (padding after them):
+  `input_ids`, `attention_mask`, `mm_token_type_ids` (when present) rearranged,
+  plus `lengths` int32 [B]. pixel_values and image_grid_thw stay as they are.
+  Positions count real tokens only, so packing changes none."""
+  ids_BxT = np.asarray(inputs["input_ids"])
+  B, T = ids_BxT.shape
+  mask_BxT = np.asarray(inputs.get("attention_mask", np.ones((B, T)))).astype(bool)
+  order_BxT = np.argsort(~mask_BxT, axis=1, kind="stable")
+  out = dict(inputs)
+  out["input_ids"] = np.where(np.sort(~mask_BxT, axis=1), 0,
+                              np.take_along_axis(ids_BxT, order_BxT, axis=1))
+  out["attention_mask"] = np.take_along_axis(mask_BxT, order_BxT, axis=1).astype(np.int64)
+  if inputs.get("mm_token_type_ids") is not None:
+    types = np.asarray(inputs["mm_token_type_ids"])
+    out["mm_token_type_ids"] = np.take_along_axis(types, order_BxT, axis=1) * out[
+        "attention_mask"]
+  out["lengths"] = mask_BxT.sum(1).astype(np.int32)
+  return out
+
+
+def prefill_packed(model, ids_BxT, pixel_values, lengths_B, position_3xBxT, *, grid_thw,
+                   cache_len, n_visual, mesh=None):
+  """`Qwen3VL.prefill` after its host work, traceable: (logits_BxTxV, cache). `mesh`:
+  the step's mesh in the branch context, so that attention runs its kernel per batch
+  shard (a Pallas call is not partitioned by XLA)."""
+  x_BxTxD, layer_adds, image_BxT, v_MxD = model.embed_inputs(
+      ids_BxT, pixel_values, None if grid_thw is None else np.asarray(grid_thw))
+  context = model.context(ids_BxT, image_BxT, v_MxD, n_visual=n_visual)
+  return model.lm.prefill_embedded(
+      x_BxTxD, lengths=lengths_B, cache_len=cache_len,
+      context=context if mesh is None else context.replace(mesh=mesh),
+      positions=position_3xBxT, layer_adds=layer_adds)
+
 
 @nnx.jit(static_argnames=("grid_thw", "cache_len", "n_visual"))
 def _prefill(model, ids_BxT, pixel_values, lengths_B, position_3xBxT, *, grid_thw, cache_len,
              n_visual):
-  """`Qwen3VL.prefill` after its host work, as one compiled program: the image
-  grids (a shape of the vision tower), the cache length and the visual width are
-  static, so each distinct prompt shape compiles once."""
-  x_BxTxD, layer_adds, image_BxT, v_MxD = model.embed_inputs(
-      ids_BxT, pixel_values, None if grid_thw is None else np.asarray(grid_thw))
-  return model.lm.prefill_embedded(
-      x_BxTxD, lengths=lengths_B, cache_len=cache_len,
-      context=model.context(ids_BxT, image_BxT, v_MxD, n_visual=n_visual),
-      positions=position_3xBxT, layer_adds=layer_adds)
+  """`prefill_packed` as one compiled program: the image grids (a shape of the vision
+  tower), the cache length and the visual width are static, so each distinct prompt
+  shape compiles once."""
+  return prefill_packed(model, ids_BxT, pixel_values, lengths_B, position_3xBxT,
+                        grid_thw=grid_thw, cache_len=cache_len, n_visual=n_visual)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.vlm.tiny.cell_loss import cell_labels
 from experiments.vlm.emoji import SceneConfig, example, load_split
 from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 from experiments.vlm.emoji.emoji_scenes import caption_items
+from experiments.vlm.tiny.cell_loss import cell_labels
 
 EOS = 0
 # Output-length groups by the number of objects k (the caption/reasoning

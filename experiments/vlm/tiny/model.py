@@ -24,6 +24,7 @@ from flax import nnx
 from experiments.models.attention import attend
 from experiments.models.branches import BranchContext, ParallelMLP
 from experiments.models.cache import DecodeCache
+from experiments.models.generate import Prompt, last_logits, right_padded_prompt
 from experiments.models.layers import RMSNorm, SwiGLU, normal
 from experiments.models.lm import DecoderLM
 from experiments.vlm.tiny.config import VLMConfig
@@ -170,3 +171,30 @@ class VLM(nnx.Module):
   def decode_step(self, tokens_Bx1, cache: DecodeCache):
     """One text token per row; returns (logits_BxV, next cache)."""
     return self.lm.decode_step(tokens_Bx1, cache)
+
+  # --- the sampler's protocol (experiments/models/generate.py) -------------------
+
+  @property
+  def decoder(self) -> DecoderLM:
+    """The decoder whose max_len and vocabulary bound sampling."""
+    return self.lm
+
+  def sampling_prompt(self, prompt_tokens_BxT, *, prompt_lengths=None, images=None) -> Prompt:
+    """[image | right-padded prompt] as `prefill_prompt` reads it; a row's prompt may be
+    empty (lengths in [0, T]: its image comes first)."""
+    if images is None:
+      raise ValueError("generate: pass images= for a VLM and only for a VLM "
+                       f"(got a {type(self).__name__} and images=False).")
+    tokens_BxT, lengths_B = right_padded_prompt(prompt_tokens_BxT, prompt_lengths, minimum=0)
+    return Prompt(tokens_BxT=tokens_BxT, lengths_B=lengths_B, inputs=jnp.asarray(images),
+                  prefix=self.config.n_visual)
+
+  def prefill_prompt(self, prompt: Prompt, *, cache_len: int):
+    """(logits_BxV at each row's last [image | prompt] token, cache)."""
+    logits_BxSxV, cache = self.prefill(prompt.inputs, prompt.tokens_BxT,
+                                       lengths=prompt.lengths_B, cache_len=cache_len)
+    return last_logits(logits_BxSxV, prompt.prefix + prompt.lengths_B), cache
+
+  def prompt_logits(self, prompt: Prompt, tokens_BxS, valid_BxS):
+    """The full forward's logits [B, Nv + S, V] (the uncached sampler)."""
+    return self(prompt.inputs, tokens_BxS, valid=valid_BxS)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.vlm.tiny.data import SceneData
 from experiments.vlm.emoji import SceneConfig
+from experiments.vlm.tiny.data import SceneData
 
 
 def scene_config(config, max_objects: int | None = None) -> SceneConfig:

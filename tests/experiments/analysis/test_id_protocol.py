@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from experiments.analysis import id_readers
+from experiments.analysis import id_permutation, id_readers
 from experiments.analysis import records as records_lib
 from experiments.analysis.records import PositionRecords
 from experiments.data import dedup
@@ -125,17 +125,11 @@ def test_permutation_within_stratum_x_byte(results):
   held = _records("heldout", 8, 20, codes_mode="perfect", seed=2)
   coarse = id_readers.id_knn(ref, held, k=5, max_queries=None, n_perm=19, progress=False)
   assert coarse["layers"][str(LAYER)]["permutation"]["local"]["p"] == pytest.approx(1 / 20)
-  strata = id_readers.permutation_strata(ref, "nuisance_byte")
+  strata = id_permutation.permutation_strata(ref, "nuisance_byte")
   cells = np.unique(np.stack([ref.nuisance, ref.surface[:, 0]]), axis=1)
   assert len(np.unique(strata)) == cells.shape[1]
   with pytest.raises(ValueError, match="perm_strata"):
-    id_readers.permutation_strata(ref, "bytes")
-
-
-def test_movable_share_by_hand():
-  strata = np.array([0, 0, 1, 1, 2])
-  docs = np.array([0, 1, 2, 2, 3])
-  assert id_readers.movable_share(strata, docs) == pytest.approx(2 / 5)
+    id_permutation.permutation_strata(ref, "bytes")
 
 
 def test_fast_bootstrap_equals_its_reference_twin():

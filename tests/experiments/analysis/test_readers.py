@@ -10,7 +10,13 @@ import json
 import numpy as np
 import pytest
 
-from experiments.analysis import associations, distributed, id_readers, knn, utilisation
+from experiments.analysis import (
+    associations,
+    distributed,
+    id_permutation,
+    id_readers,
+    utilisation,
+)
 from experiments.analysis.records import PositionRecords
 
 R, BITS, C, D = 4, 2, 4, 8
@@ -131,11 +137,11 @@ def test_surface_readers_and_strata_keep_token_ids_apart():
   np.testing.assert_allclose(scores[1], labels[:100].mean(0))
   ref.nuisance[:] = 0
   ref.surface[:, 0] = np.where(np.arange(len(ref.surface)) % 2, 257, 0)
-  strata = id_readers.permutation_strata(ref, "nuisance_byte")
+  strata = id_permutation.permutation_strata(ref, "nuisance_byte")
   assert len(np.unique(strata)) == 2   # ids 0 and 257, one stratum
   # A byte run's cells are numbered as before (stratum x 257 + byte + 1).
   ref.surface[:, 0] = 5
-  np.testing.assert_array_equal(id_readers.permutation_strata(ref, "nuisance_byte"), 6)
+  np.testing.assert_array_equal(id_permutation.permutation_strata(ref, "nuisance_byte"), 6)
 
 
 def test_sample_queries_is_seeded_and_sorted():
@@ -158,44 +164,6 @@ def test_document_ids_match_by_path():
   q_idx = np.flatnonzero(held.file_ids == 0)
   idx = id_readers.knn_indices(ref, held, q_idx, LAYER, "ID", k=5, z_metric="cosine")
   assert (ref.file_ids[idx] != 5).all()
-
-
-def test_stratum_document_permutation_moves_whole_blocks_within_strata():
-  rng = np.random.default_rng(0)
-  strata = rng.integers(0, 3, 200)
-  docs = rng.integers(0, 7, 200)
-  src = id_readers.stratum_document_permutation(strata, docs, np.random.default_rng(1))
-  assert sorted(src) == list(range(200))               # a bijection
-  np.testing.assert_array_equal(strata[src], strata)   # within strata
-  moved = 0
-  for s in range(3):
-    for d in range(7):
-      sel = (strata == s) & (docs == d)
-      moved += (docs[src[sel]] != d).sum()
-  assert moved > 100                                   # signatures change documents
-  # Document blocks stay together: listed document by document, a stratum's
-  # positions take their signatures from one document after another.
-  for s in range(3):
-    order = np.lexsort((np.arange(200), docs, strata))
-    source_docs = docs[src[order[strata[order] == s]]]
-    runs = 1 + (np.diff(source_docs) != 0).sum()
-    assert runs == len(set(source_docs))
-  again = id_readers.stratum_document_permutation(strata, docs, np.random.default_rng(1))
-  np.testing.assert_array_equal(src, again)
-
-
-def test_permuted_hamming_search_equals_knn():
-  rng = np.random.default_rng(0)
-  ref = rng.integers(0, 3, (80, 3)).astype(np.int32)    # few codes: many ties
-  ref_docs = rng.integers(0, 9, 80)                      # documents not contiguous
-  query = rng.integers(0, 3, (30, 3)).astype(np.int32)
-  query_docs = rng.integers(0, 12, 30)                   # some own documents in the reference
-  for k in (4, 12):                                      # 12 > 9 documents: -1 padding
-    search = id_readers.PermutedHammingKnn(query, ref, query_docs, ref_docs, k, 3)
-    for src in (None, rng.permutation(80)):
-      codes = ref if src is None else ref[src]
-      want = knn.distinct_doc_knn(query, codes, query_docs, ref_docs, k, "hamming", n_codes=3)
-      np.testing.assert_array_equal(search(src), want)
 
 
 def test_association_statistics_by_hand():

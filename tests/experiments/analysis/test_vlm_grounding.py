@@ -8,11 +8,11 @@ from flax import nnx
 
 from experiments.analysis.grounding import _rows, grounding_probe
 from experiments.models.config import LMConfig
+from experiments.vlm.emoji import SceneConfig, make_split
+from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 from experiments.vlm.tiny.config import VLMConfig
 from experiments.vlm.tiny.model import VLM
 from pvm_jax.config import PVMConfig
-from experiments.vlm.emoji import SceneConfig, make_split
-from experiments.vlm.emoji.emoji_classes import CLASS_NAMES
 
 LM = LMConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,
               max_len=192)

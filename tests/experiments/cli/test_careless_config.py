@@ -73,8 +73,8 @@ def test_a_nan_temperature_is_refused():
 
 
 def test_stage_two_answers_are_checked_when_the_file_is_read(tmp_path):
-  from experiments.vlm.qwen3vl.conversations import check_answer
   from experiments.vlm.emoji.rewards import reward
+  from experiments.vlm.qwen3vl.conversations import check_answer
   check_answer({"answer": 3}, required=True)
   check_answer({}, required=False)
   with pytest.raises(ValueError, match="no 'answer'"):

@@ -278,14 +278,19 @@ def _cli_child(args):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _interrupted_cli(args, fractions):
-  """SIGINT to `lngram-exp *args` at each fraction in turn of the time an uninterrupted
-  run takes (the shortest seen: later runs may compile less), until one lands before
-  the command is done; its (returncode, stderr), or None if every one came too late."""
+def _uninterrupted_time(args) -> float:
+  """Seconds an uninterrupted `lngram-exp *args` takes (it prints its results last)."""
   start = time.perf_counter()
   out, err = _cli_child(args).communicate(timeout=600)
   assert out.strip(), err[-3000:]
-  took = time.perf_counter() - start
+  return time.perf_counter() - start
+
+
+def _interrupted_cli(args, fractions, took):
+  """SIGINT to `lngram-exp *args` at each fraction in turn of `took`, the time an
+  uninterrupted run takes (lowered to the shortest seen: later runs may compile less),
+  until one lands before the command is done: ((returncode, stderr) or None if every one
+  came too late, the time an uninterrupted run takes as seen by then)."""
   for fraction in fractions:
     start = time.perf_counter()
     child = _cli_child(args)
@@ -295,8 +300,8 @@ def _interrupted_cli(args, fractions):
     if out.strip():   # the command had finished (it prints its results last): try earlier
       took = min(took, time.perf_counter() - start)
       continue
-    return child.returncode, err
-  return None
+    return (child.returncode, err), took
+  return None, took
 
 
 def _assert_interrupted_cleanly(result):
@@ -310,15 +315,19 @@ def _assert_interrupted_cleanly(result):
 
 def test_ctrl_c_during_eval_exits_130_in_one_line(smoke_run):
   workdir, _ = smoke_run
+  args = ("eval", f"--workdir={workdir}")
+  took = _uninterrupted_time(args)   # measured once for both phases
   for fractions in ((0.8, 0.6, 0.5), (0.4, 0.25, 0.15, 0.1)):   # evaluating, and restoring or importing
-    _assert_interrupted_cleanly(_interrupted_cli(("eval", f"--workdir={workdir}"), fractions))
+    result, took = _interrupted_cli(args, fractions, took)
+    _assert_interrupted_cleanly(result)
 
 
 @pytest.mark.slow
 def test_ctrl_c_during_analyze_exits_130_in_one_line(smoke_run_copy):
   workdir, _ = smoke_run_copy
-  _assert_interrupted_cleanly(_interrupted_cli(("analyze", f"--workdir={workdir}"),
-                                               (0.7, 0.5, 0.3, 0.2)))
+  args = ("analyze", f"--workdir={workdir}")
+  result, _ = _interrupted_cli(args, (0.7, 0.5, 0.3, 0.2), _uninterrupted_time(args))
+  _assert_interrupted_cleanly(result)
 
 
 def test_ctrl_c_waits_for_imports_and_compiles_and_is_never_swallowed(tmp_path):
@@ -634,10 +643,15 @@ def test_read_only_workdir_is_refused_up_front(smoke_run_copy):
 
 
 @pytest.mark.slow
-def test_eval_while_train_saves_every_two_steps_always_finds_a_step(tmp_path):
+def test_eval_while_train_saves_every_two_steps_always_finds_a_step(tmp_path, capsys):
   """A `train` saving every 2 steps and keeping 2 deletes steps while `eval` reads them;
   each `eval` still ends with the newest readable step (tests/experiments/
-  test_checkpoint.py forces the deletion mid-read deterministically)."""
+  test_checkpoint.py forces the deletion mid-read deterministically). The `eval`s run in
+  this process, beside the training's: after the first they reuse its compiles."""
+  import warnings
+
+  from experiments.cli import run_main
+
   workdir = tmp_path / "run"
   trainer = subprocess.Popen(
       [sys.executable, "-m", "experiments", "train", f"--config={SMOKE}", f"--workdir={workdir}",
@@ -654,10 +668,14 @@ def test_eval_while_train_saves_every_two_steps_always_finds_a_step(tmp_path):
       time.sleep(0.2)
     steps = []
     for _ in range(4):
-      done = _cli("eval", f"--workdir={workdir}", timeout=300)
-      assert done.returncode == 0, done.stderr[-3000:]
-      assert "unreadable" not in done.stderr and "Traceback" not in done.stderr, done.stderr
-      steps.append(int(re.search(r"checkpoint step (\d+) of", done.stderr).group(1)))
+      capsys.readouterr()
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = run_main(["lngram-exp", "eval", f"--workdir={workdir}"])
+      stderr = capsys.readouterr().err + "".join(f"{w.message}\n" for w in caught)
+      assert status == 0, stderr[-3000:]
+      assert "unreadable" not in stderr and "Traceback" not in stderr, stderr
+      steps.append(int(re.search(r"checkpoint step (\d+) of", stderr).group(1)))
     assert steps == sorted(steps) and trainer.poll() is None   # it ran alongside throughout
   finally:
     trainer.send_signal(signal.SIGTERM)

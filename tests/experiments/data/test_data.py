@@ -249,27 +249,29 @@ def test_a_changed_corpus_is_refused_on_resume_naming_what_changed(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_refuses_a_changed_corpus_and_keeps_both_manifests_when_allowed(tmp_path):
+def test_train_refuses_a_changed_corpus_and_keeps_both_manifests_when_allowed(tmp_path,
+                                                                            capsys):
   """`lngram-exp train` on data.path=F, F edited, the same command: one `error:` line and
-  exit 2; with --config.data.allow_corpus_change=true it resumes and both manifests stay."""
-  from cli_runner import run_cli
+  exit 2; with --config.data.allow_corpus_change=true it resumes and both manifests stay.
+  The commands run in this process (the resumed run reuses the first one's compiles)."""
+  from experiments.cli import run_main
   texts = _folder(tmp_path / "texts")
   workdir = tmp_path / "run"
-  command = ["train", "--config=experiments/configs/lm_baseline.py:smoke",
+  command = ["lngram-exp", "train", "--config=experiments/configs/lm_baseline.py:smoke",
              f"--workdir={workdir}", f"--config.data.path={texts}", "--config.data.val_fraction=0.3",
              "--config.train.steps=2", "--config.train.ckpt_every=2",
              "--config.train.eval_every=2", "--config.train.progress=False"]
-  first = run_cli(*command)
-  assert first.returncode == 0, first.stderr[-3000:]
+  assert run_main(command) == 0, capsys.readouterr().err[-3000:]
   manifest = (workdir / "corpus_manifest.json").read_text()
   (texts / "sub" / "f3.txt").write_text("one edited file")
-  refused = run_cli(*command)
-  assert refused.returncode == 2, refused.stderr[-3000:]
-  errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and "1 file(s) edited (sub/f3.txt)" in errors[0], refused.stderr
+  capsys.readouterr()
+  assert run_main(command) == 2
+  stderr = capsys.readouterr().err
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "1 file(s) edited (sub/f3.txt)" in errors[0], stderr
   assert (workdir / "corpus_manifest.json").read_text() == manifest
-  allowed = run_cli(*command, "--config.data.allow_corpus_change=true")
-  assert allowed.returncode == 0, allowed.stderr[-3000:]
+  assert run_main([*command, "--config.data.allow_corpus_change=true"]) == 0, \
+      capsys.readouterr().err[-3000:]
   assert (workdir / "corpus_manifest.2.json").read_text() == manifest
   assert json.loads((workdir / "corpus_manifest.json").read_text())["files"] != json.loads(
       manifest)["files"]

@@ -55,7 +55,7 @@ def cache_repo(cache, repo_id: str, folder, *, commit: str = COMMIT, skip=()) ->
   (storage / "refs" / "main").write_text(commit)
 
 
-def tiny_tokenizer(path):
+def scene_tokenizer(path):
   """A word-level tokenizer of 201 ids (w0..w199 and [UNK]), below the model's 256."""
   tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
   tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
@@ -85,7 +85,7 @@ def hub_models(hf_checkpoints, offline_cache, tmp_path):
   source, model = hf_checkpoints["qwen3"]
   folder = tmp_path / "checkpoint"
   shutil.copytree(source, folder)
-  tiny_tokenizer(folder)
+  scene_tokenizer(folder)
   cache_repo(offline_cache, "org/tiny", folder)
   cache_repo(offline_cache, "org/bare", folder, skip=("tokenizer.json",))
   toks = tmp_path / "toks"

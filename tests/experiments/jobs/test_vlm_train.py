@@ -177,8 +177,8 @@ def test_grpo_objective_by_hand():
 
 
 def test_cell_labels_and_cell_class_loss_by_hand():
-  from experiments.vlm.tiny.cell_loss import cell_class_loss, cell_labels
   from experiments.vlm.emoji.emoji_scenes import Scene
+  from experiments.vlm.tiny.cell_loss import cell_class_loss, cell_labels
 
   scenes = [Scene(rows=2, cols=2, cells=(0, 3), classes=(2, 1), category=0),
             Scene(rows=2, cols=2, cells=(1,), classes=(0,), category=0)]

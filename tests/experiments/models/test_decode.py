@@ -200,6 +200,27 @@ def test_generate_returns_logp_of_the_drawn_tokens(model):
   assert logp.dtype == jnp.float32 and bool((logp < 0).all())
 
 
+def test_rows_stop_at_their_end_token_in_both_paths(model):
+  """With eos_token_ids a row keeps its end token, then emits the pad (log-probability
+  0); the other rows go on; both paths agree, and the lengths count the end token."""
+  tokens = jax.random.randint(jax.random.key(8), (2, T_PROMPT), 0, 256, dtype=jnp.int32)
+  kwargs = dict(prompt_lengths=jnp.array([6, 8]), max_new_tokens=N_NEW, rng=jax.random.key(9),
+                temperature=2.0, return_logp=True, return_lengths=True)
+  free, free_logp, free_lengths = generate(model, tokens, **kwargs)
+  np.testing.assert_array_equal(free_lengths, [N_NEW, N_NEW])
+  end = int(free[0, 1])
+  ends_B = [min(int(np.flatnonzero(np.asarray(row) == end)[0]) + 1, N_NEW)
+            if end in np.asarray(row) else N_NEW for row in free]
+  for use_cache in (True, False):
+    got, logp, lengths = generate(model, tokens, eos_token_ids=end, pad_token_id=255,
+                                  use_cache=use_cache, **kwargs)
+    np.testing.assert_array_equal(lengths, ends_B)
+    for b, n in enumerate(ends_B):
+      np.testing.assert_array_equal(got[b, :n], free[b, :n])
+      np.testing.assert_allclose(logp[b, :n], free_logp[b, :n], rtol=1e-5, atol=1e-5)
+      assert (got[b, n:] == 255).all() and (logp[b, n:] == 0).all()
+
+
 def test_completion_mask_stops_after_the_first_eos():
   from experiments.models import completion_mask
   tokens = jnp.array([[5, 0, 7, 0], [1, 2, 3, 4], [0, 9, 9, 9]])

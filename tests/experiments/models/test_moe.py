@@ -19,8 +19,8 @@ from experiments.jobs import run_train
 from experiments.jobs.lm.task import lm_loss
 from experiments.jobs.restore import restore
 from experiments.models import DecoderLM, LMConfig, lm_config, moe
-from experiments.models.moe import reference as moe_reference
 from experiments.models.moe import MoEConfig, MoEFFN
+from experiments.models.moe import reference as moe_reference
 from experiments.trainer.step import make_train_step
 
 D = 8

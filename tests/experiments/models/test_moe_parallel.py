@@ -18,13 +18,13 @@ from lowering import lower_text
 from test_moe import _values_and_grads
 
 from experiments.models import moe
-from experiments.models.moe import reference as moe_reference
 from experiments.models.moe import MoEConfig, MoEFFN
+from experiments.models.moe import reference as moe_reference
 from experiments.models.moe.exchange import (
-    dense_ragged_all_to_all,
-    inverse_permutation,
-    permute_rows,
-    ragged_exchange,
+  dense_ragged_all_to_all,
+  inverse_permutation,
+  permute_rows,
+  ragged_exchange,
 )
 from experiments.models.moe.parallel import buffer_rows
 from experiments.trainer.placement import make_train_mesh

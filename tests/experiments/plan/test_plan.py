@@ -1,6 +1,6 @@
 """`lngram-exp plan`: the compiled step's numbers against first-principles counts.
 
-Analytic counts (experiments/plan/accounting.py): parameters exactly; training FLOPs
+Analytic counts (experiments/models/counts.py): parameters exactly; training FLOPs
 6·A·BT + 12·L·T·Hq·Dh·BT (A: multiply-adds per token of every matmul, the Lngram
 readout's included) within 10% of XLA's cost analysis summed over the mesh. The
 full-size check compiles hf_lngram.py:keye2b at its real width (d 2048, vocabulary
@@ -17,10 +17,12 @@ import pytest
 from cli_runner import run_cli
 
 from experiments.configs import load_config
+from experiments.models import counts
 from experiments.models.config import lm_config
-from experiments.plan import accelerators, accounting
+from experiments.plan import accelerators
 from experiments.plan.collectives import collective_bytes, line_bytes
-from experiments.plan.report import format_plan, plan_run, refuse_mesh
+from experiments.plan.report import plan_run, refuse_mesh
+from experiments.plan.text import format_plan
 from experiments.trainer.placement import make_train_mesh
 
 CONFIGS = "experiments/configs"
@@ -35,9 +37,9 @@ def small():
 
 def test_small_plan_matches_the_analytic_counts(small):
   config, r = small
-  counts = accounting.param_count(lm_config(config))
-  assert r["params"]["count"] == counts["total"] == r["params"]["formula"]["total"]
-  assert r["params"]["bytes"] == 4 * counts["total"]          # float32, replicated on data
+  formula = counts.param_count(lm_config(config))
+  assert r["params"]["count"] == formula["total"] == r["params"]["formula"]["total"]
+  assert r["params"]["bytes"] == 4 * formula["total"]          # float32, replicated on data
   assert r["optimizer_bytes"] >= 2 * r["params"]["bytes"]     # AdamW's two moments
   xla_total = r["xla"]["flops"] * r["devices"]
   assert abs(xla_total / r["flops_formula"] - 1) < 0.10, (xla_total, r["flops_formula"])
@@ -83,7 +85,7 @@ def test_moe_recipe_at_full_width_matches_the_formula():
   assert r["params"]["count"] == r["params"]["formula"]["total"]
   # XLA:CPU runs ragged_dot densely over the experts; the program's matmuls are the formula's.
   assert r["dense_ragged"] and "ragged_dot densely" in format_plan(r)
-  assert abs(r["flops_jaxpr"] / r["flops_formula"] - 1) < 0.02   # remat: see accounting.py
+  assert abs(r["flops_jaxpr"] / r["flops_formula"] - 1) < 0.02   # remat: models/counts.py
   assert math.isclose(r["projection"]["compute_s"] * 989e12 * 0.4,
                       r["flops_jaxpr"] / 2, rel_tol=1e-9)
   # Expert parallelism: the same matmuls (the receive buffer's rows past what a balanced
@@ -138,6 +140,16 @@ backend_config={"known_trip_count":{"n":"3"}}
 channel_id=6, replica_groups={{0,1,2,3}}
 }
 """
+
+
+def test_an_unplanned_job_is_refused_in_one_line():
+  from experiments.plan.compile import planner
+  config = load_config(f"{CONFIGS}/vlm_pvm_sft.py")
+  with pytest.raises(ValueError, match=r"^plan: the vlm job's configs are not planned \(the "
+                     r"jobs planned: lm, qwen3vl\)\.$"):
+    planner(config)
+  with pytest.raises(ValueError, match="not planned"):
+    refuse_mesh(config, {"data": 2})
 
 
 def test_collective_bytes_by_hand():
@@ -214,10 +226,11 @@ def test_jaxpr_flops_by_hand():
 
 def test_qwen3vl_smoke_stages_plan_with_analytic_counts():
   """qwen3vl_pvm_sft.py:smoke (Stage I: PVM alone trains) compiled on data=2; the
-  parameters by part are counted by hand-derivable formulae (experiments/plan/qwen3vl.py)
+  parameters by part are counted by hand-derivable formulae
+  (experiments/jobs/qwen3vl/planning.py)
   and equal the abstract model's shapes; Stage II's step is built (not compiled) over
   prompts × group rows with the decoder and PVM trainable."""
-  from experiments.plan import qwen3vl
+  from experiments.jobs.qwen3vl import planning as qwen3vl
 
   config = load_config(f"{CONFIGS}/qwen3vl_pvm_sft.py:smoke")
   r = plan_run(config, {"data": 2})
@@ -236,7 +249,7 @@ def test_qwen3vl_smoke_stages_plan_with_analytic_counts():
     refuse_mesh(config, {"seq": 2})
   grpo = load_config(f"{CONFIGS}/qwen3vl_pvm_grpo.py:smoke")
   mesh = make_train_mesh({"data": 2}, devices=jax.devices("cpu")[:2])
-  run, mc, geo = qwen3vl.qwen3vl_abstract_run(grpo, mesh)
+  run, mc, geo = qwen3vl.abstract_run(grpo, mesh)
   stage2 = qwen3vl.qwen3vl_param_count(mc)
   assert geo["rows"] == 2 and geo["trainable"] == stage2["text"] + stage2["pvm"]
   # Stage II differentiates the decoder and PVM, not the frozen tower: the formula's matmuls
@@ -245,16 +258,3 @@ def test_qwen3vl_smoke_stages_plan_with_analytic_counts():
   traced = run.step.trace(run.state, run.rest, run.batch).jaxpr
   assert abs(jaxpr_flops(traced) / qwen3vl.qwen3vl_train_flops(mc, geo)["total"] - 1) < 0.02
   assert run.batch["completion"].shape == (2, 4)
-
-
-def test_qwen3vl_grpo_step_traces_under_gradient_accumulation():
-  """Stage II's step in micro-batches: each takes its rows' images (`micro_grid`) and
-  holds their own image tokens in PVM's memory."""
-  from experiments.plan import qwen3vl
-
-  grpo = load_config(f"{CONFIGS}/qwen3vl_pvm_grpo.py:smoke")
-  grpo.train.update(grad_accum=2)
-  mesh = make_train_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
-  run, _, geo = qwen3vl.qwen3vl_abstract_run(grpo, mesh)
-  assert geo["rows"] == 2
-  run.step.trace(run.state, run.rest, run.batch)   # raised before micro_grid was applied

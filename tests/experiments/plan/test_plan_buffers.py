@@ -17,7 +17,8 @@ import pytest
 from experiments.configs import load_config
 from experiments.plan import buffers, gpu
 from experiments.plan.compile import compile_for_gpu
-from experiments.plan.report import format_plan, plan_run
+from experiments.plan.report import plan_run
+from experiments.plan.text import format_plan
 
 N, K, M = 2048, 64, 3072
 

@@ -16,7 +16,8 @@ from cli_runner import refusal, run_cli
 
 from experiments.configs import load_config
 from experiments.plan import gpu
-from experiments.plan.report import format_plan, plan_run
+from experiments.plan.report import plan_run
+from experiments.plan.text import format_plan
 
 CONFIGS = "experiments/configs"
 CALL = "__gpu$xla.gpu.triton"

@@ -11,7 +11,7 @@ from experiments.hf.config import BACKBONE_FIELDS
 from experiments.hf.qwen3vl.load import qwen3vl_config
 from experiments.hf.safetensors_io import HFCheckpointError
 from experiments.models.config import lm_config
-from experiments.plan.accounting import param_count
+from experiments.models.counts import param_count
 from experiments.plan.report import plan_run
 from experiments.tools.bench.tpu_plans import KEYE30B, KEYE30B_MESH, keye30b_depth
 from experiments.trainer.placement import parse_mesh

@@ -32,7 +32,7 @@ def test_the_rollout_compiles_for_gpus_and_holds_its_cache():
   config.qwen3vl.data.update(image_size=(192, 192))
   r = plan_rollout(config, {"data": 2}, target="h100:2")
   g = r["geometry"]
-  from experiments.plan.qwen3vl import qwen3vl_model
+  from experiments.jobs.qwen3vl.planning import qwen3vl_model
   t = qwen3vl_model(config).text
   rows, slots, N = g["rows"], g["cache_len"], g["new_tokens"]
   assert (rows, N, slots) == (2, 4, 36 + 2 + 64 + 4)

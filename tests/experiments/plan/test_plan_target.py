@@ -18,7 +18,8 @@ from lowering import KERNEL_CALL, tpu_devices
 
 from experiments.configs import load_config
 from experiments.plan import tpu
-from experiments.plan.report import format_plan, plan_run
+from experiments.plan.report import plan_run
+from experiments.plan.text import format_plan
 
 CONFIGS = "experiments/configs"
 

@@ -56,9 +56,21 @@ def _records(path):
       yield record
 
 
-def _read_run(run_dir):
+def _read_run(run_dir, timeout_s: float = 60.0):
   """{"run": the run record, "config": {key: value}, "history": [{key: value}],
-  "exit_code"} of one offline run directory."""
+  "exit_code"} of one finished offline run directory. W&B's service process writes the
+  log: `finish()` returns once the service has the exit record, which it may write to
+  disk a moment later (on a busy machine, seconds), so the log is read until it holds it."""
+  import time
+  deadline = time.monotonic() + timeout_s
+  while True:
+    out = _read_log(run_dir)
+    if out["exit_code"] is not None or time.monotonic() > deadline:
+      return out
+    time.sleep(0.2)
+
+
+def _read_log(run_dir):
   [log] = run_dir.glob("run-*.wandb")
   out = {"run": None, "config": {}, "history": [], "exit_code": None}
   # An item names its key in `key` or (W&B's choice) in `nested_key`.
@@ -164,9 +176,11 @@ def test_a_failed_training_marks_the_wandb_run_failed(tmp_path, offline):
 
 
 def test_without_wandb_a_project_is_refused_in_one_line(tmp_path, monkeypatch, smoke_config):
-  """wandb missing (its import fails): `train`'s checks and the trainer refuse before
-  anything is built, naming the extra; the run directory is not created. `plan` of the
-  same config does not need wandb."""
+  """wandb missing (its import fails): `train`'s checks refuse before anything is built,
+  naming the extra (the one check of the train.wandb_* fields); a run started without
+  them is refused in the same words when the trainer makes the W&B run, before the
+  first step, and the run directory is not created. `plan` of the same config does not
+  need wandb."""
   from experiments.cli.preflight import check_train_config
   from experiments.jobs import check_experiment_config, run_train
   monkeypatch.setitem(sys.modules, "wandb", None)   # `import wandb` raises ImportError

@@ -14,7 +14,7 @@ import pytest
 from experiments.data import validation
 from experiments.models import lm_config
 from experiments.tools import reproduce
-from experiments.tools.bench import scale_check
+from experiments.tools.bench import scale_check, scale_check_arms
 
 # One interpreter, grain made unimportable before anything loads: the GPU machine has
 # none. Two arms train seed 0 at smoke size and are recorded; the same call again finds
@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent("""
     sys.modules["grain"] = None
     from pathlib import Path
     from experiments.tools.bench import scale_check as sc
+    from experiments.tools.bench.scale_check_train import train_arm
     out = Path(sys.argv[1])
     argv = ["--dry_run", f"--out={out}", "--arms=baseline,lngram_v1", "--seed=0",
             f"--cache-dir={out / 'cache'}"]
@@ -39,8 +40,8 @@ SCRIPT = textwrap.dedent("""
     corpus = load_corpus(corpus_spec(config))
     val = validation.config_batches(corpus.val_docs, corpus.val_paths, config.data,
                                     default=list)
-    late = sc.train_arm("baseline", config, sc.Rows(corpus, scale["seq_len"], 0), val, scale,
-                        deadline=time.perf_counter(), workdir=out / "late")
+    late = train_arm("baseline", config, sc.Rows(corpus, scale["seq_len"], 0), val, scale,
+                     deadline=time.perf_counter(), workdir=out / "late")
     (out / "late.json").write_text(json.dumps(late))
     print("grain" in sys.modules and sys.modules["grain"] is None)
 """)
@@ -97,7 +98,7 @@ def test_no_time_left_skips_every_arm_without_compiling(tmp_path):
 
 
 def test_full_scale_arms_are_matched_by_the_parameter_accounting():
-  configs = scale_check.arm_configs(scale_check.SCALE, smoke=False, seed=0)
+  configs = scale_check_arms.arm_configs(scale_check.SCALE, smoke=False, seed=0)
   assert list(configs) == ["baseline", "lngram_r16", "lngram_v1", "engram"]
   for name, (_, config) in configs.items():
     model = lm_config(config)
@@ -105,7 +106,7 @@ def test_full_scale_arms_are_matched_by_the_parameter_accounting():
     assert config.data.batch_size * config.data.seq_len == 16384 and config.train.steps == 1000
     assert config.data.dedup_validation and config.data.val_doc_cap == 32768
     assert model.memory_layers == (() if name == "baseline" else (1, 4))
-  rows = {r["arm"]: r for r in scale_check.param_table(configs)}
+  rows = {r["arm"]: r for r in scale_check_arms.param_table(configs)}
   assert len({r["backbone"] for r in rows.values()}) == 1            # one backbone
   v2, v1, engram = rows["lngram_r16"], rows["lngram_v1"], rows["engram"]
   assert abs(v1["memory_active"] / v2["memory_active"] - 1) < 0.05   # v1: active parameters
@@ -113,7 +114,7 @@ def test_full_scale_arms_are_matched_by_the_parameter_accounting():
   v1_memory = lm_config(configs["lngram_v1"][1]).memory
   assert (v1_memory.routes, v1_memory.bits) == (16, 4)               # v2 r16's router width
   assert configs["lngram_v1"][0] == "lm_lngram_v1.py:r16,mem8"
-  assert "| lngram_v1 |" in scale_check.param_markdown(list(rows.values()))
+  assert "| lngram_v1 |" in scale_check_arms.param_markdown(list(rows.values()))
 
 
 def test_data_read_once_or_more_is_refused(tmp_path):
@@ -151,7 +152,7 @@ def test_the_scale_is_the_declared_one():
     assert scale[key] == setup[key], key
   assert tuple(scale["memory_layers"]) == setup["memory_layers"]
   assert scale_check.MIN_TRAIN_BYTES == setup["min_train_bytes"]
-  config = scale_check.arm_config("lm_baseline.py", scale, smoke=False, seed=0)
+  config = scale_check_arms.arm_config("lm_baseline.py", scale, smoke=False, seed=0)
   assert (config.data.val_doc_cap, config.data.val_budget, config.data.dedup_validation) == (
       setup["val_doc_cap"], setup["val_budget"], setup["dedup_validation"])
   assert [a for a, _ in scale_check.ARMS] == [

@@ -1,6 +1,7 @@
-"""The report's ID-analysis part (experiments.tools.report.ids): every seed of r16 / r64 and
-the random-router control, mean ± sd, the surface readers and rho against the best of
-them, the control's verdict, and pending cells for missing or older analysis files."""
+"""The report's ID-analysis part (experiments.tools.report.ids) and its summary rows
+(id_claims): every seed of r16 / r64 and the random-router control, mean ± sd, the surface
+readers and rho against the best of them, the control's verdict, and pending cells for
+missing or older analysis files."""
 
 import json
 import types
@@ -9,6 +10,7 @@ import pytest
 
 from experiments.tools import reproduce
 from experiments.tools.report import ids as report_ids
+from experiments.tools.report.id_claims import control_verdict, id_claims
 
 LEVELS = ("local", "document")
 
@@ -80,7 +82,7 @@ def test_section_shows_every_seed_the_surface_readers_and_the_control(fake_root)
 
 def test_claims_over_all_seeds_and_the_control_verdict(fake_root):
   root, write = fake_root
-  claims = {c: (ours, v) for c, _, ours, v in report_ids.id_claims(root)}
+  claims = {c: (ours, v) for c, _, ours, v in id_claims(root)}
   ours, verdict = claims["the IDs alone carry the semantics: ID-KNN above the permutation "
                          "null (§3.2)"]
   assert verdict.startswith("reproduced: p ≤ 0.05 in 8/8 run × layer × target settings")
@@ -101,11 +103,11 @@ def test_claims_over_all_seeds_and_the_control_verdict(fake_root):
   assert util.startswith("reproduced: no collapse") and "up to 2 / 256" in util
   # A control seed as good as a learned one: no longer every learned seed above.
   write("bytes/lngram_r16_frozen_s2", "id_knn", _id_knn(0.31))
-  control = {c: v for c, _, _, v in report_ids.id_claims(root)}[
+  control = {c: v for c, _, _, v in id_claims(root)}[
       "a learned router carries more than a random one (lngram_r16 vs lngram_r16_frozen)"]
   assert control.startswith("not reproduced: every learned seed above every frozen-router "
                             "seed in 0/2")
-  assert report_ids.control_verdict([_id_knn(0.3)], [_id_knn(0.1)]).startswith(
+  assert control_verdict([_id_knn(0.3)], [_id_knn(0.1)]).startswith(
       "inconclusive (too few seeds")
 
 
@@ -115,14 +117,14 @@ def test_id_rows_are_read_against_the_frozen_random_router(fake_root):
   root, write = fake_root
   claim = "ID-KNN keeps most of the hidden state's excess AP over the nuisance reader (§3.2)"
   # The fixture's learned ρ (66.67%, 73.33%, 80.00%) is above the control's (33-40%).
-  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[claim]
+  verdict = {c: v for c, _, _, v in id_claims(root)}[claim]
   assert verdict.startswith("reproduced: the arm's mean ρ vs nuisance over seeds > 50%")
   assert "the learned router beats the frozen random one: mean ρ vs nuisance" in verdict
   assert "lngram_r16 vs lngram_r16_frozen 73.33% vs 36.67%" in verdict
   # The control as good as the learned router, seed by seed (within noise).
   for s, ap in enumerate((0.31, 0.31, 0.35)):
     write(f"bytes/lngram_r16_frozen_s{s}", "id_knn", _id_knn(ap))
-  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[claim]
+  verdict = {c: v for c, _, _, v in id_claims(root)}[claim]
   assert verdict.startswith("not distinguished from a frozen random router: mean ρ vs "
                             "nuisance over the settings defined in both")
   assert "(paired t over seeds 0, 1, 2, p = " in verdict
@@ -131,7 +133,7 @@ def test_id_rows_are_read_against_the_frozen_random_router(fake_root):
   # Higher at every seed by a steady margin: the frozen router scores higher.
   for s, ap in enumerate((0.35, 0.37, 0.40)):
     write(f"bytes/lngram_r16_frozen_s{s}", "id_knn", _id_knn(ap))
-  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[claim]
+  verdict = {c: v for c, _, _, v in id_claims(root)}[claim]
   assert verdict.startswith("not reproduced: the frozen random router scores higher")
 
 
@@ -145,7 +147,7 @@ def test_associations_are_read_against_the_frozen_router(fake_root):
   for s, (learned, frozen) in enumerate(((0.70, 0.69), (0.72, 0.73), (0.71, 0.70))):
     write(f"bytes/lngram_r16_s{s}", "associations", rate(learned))
     write(f"bytes/lngram_r16_frozen_s{s}", "associations", rate(frozen))
-  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[claim]
+  verdict = {c: v for c, _, _, v in id_claims(root)}[claim]
   assert verdict.startswith("not distinguished from a frozen random router: replication rate "
                             "lngram_r16 vs lngram_r16_frozen 71.00% vs 70.67%")
   assert verdict.endswith("most evaluable candidates replicate in every run (71.00% ± 1.00% "
@@ -153,7 +155,7 @@ def test_associations_are_read_against_the_frozen_router(fake_root):
   # Without the control's files the row cannot be "reproduced" yet.
   for s in range(3):
     (root / f"bytes/lngram_r16_frozen_s{s}" / "analysis" / "associations.json").unlink()
-  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[claim]
+  verdict = {c: v for c, _, _, v in id_claims(root)}[claim]
   assert verdict.startswith("pending the frozen-router control: replication rate needs two "
                             "seeds of both lngram_r16 vs lngram_r16_frozen (0 paired)")
 
@@ -167,7 +169,7 @@ def test_an_undefined_rho_is_not_a_missing_analysis(fake_root):
     result["layers"]["1"]["rho"]["document"] = None
     result["layers"]["1"]["rho_surface"]["document"] = None
     write(f"bytes/lngram_r16_s{s}", "id_knn", result)
-  claims = {c: v for c, _, _, v in report_ids.id_claims(root)}
+  claims = {c: v for c, _, _, v in id_claims(root)}
   verdict = claims["ID-KNN keeps most of the hidden state's excess AP over the nuisance "
                    "reader (§3.2)"]
   assert verdict.startswith("reproduced: the arm's mean ρ vs nuisance over seeds > 50% in "
@@ -179,7 +181,7 @@ def test_an_undefined_rho_is_not_a_missing_analysis(fake_root):
     result = _id_knn(0.3)
     result["layers"]["1"]["rho_surface"] = dict.fromkeys(LEVELS)
     write(key, "id_knn", result)
-  verdict = {c: v for c, _, _, v in report_ids.id_claims(root)}[
+  verdict = {c: v for c, _, _, v in id_claims(root)}[
       "... and over the best surface reader (bytes alone)"]
   assert verdict.startswith("not evaluable: ρ vs best surface undefined in every arm")
 
@@ -198,7 +200,7 @@ def test_a_rho_over_a_noise_denominator_is_unresolved(fake_root):
   text = report_ids.id_section(root)
   assert "| bytes/lngram_r64 (1) | 1 | document |" in text
   assert "(-2109.00%) unresolved" in text and "73.33% [-20.00%, 50.00%]" in text
-  claims = {c: (ours, v) for c, _, ours, v in report_ids.id_claims(root)}
+  claims = {c: (ours, v) for c, _, ours, v in id_claims(root)}
   ours, verdict = claims["... and over the best surface reader (bytes alone)"]
   assert "-2109" not in ours and "bytes/lngram_r64 (n=1) mean ρ vs best surface per setting 73.33%" in ours
   assert verdict.endswith("in 1/3 arm × settings where it is defined; undefined in 1/4 (in no "
@@ -226,11 +228,11 @@ def test_older_results_print_without_the_new_columns(fake_root):
   text = report_ids.id_section(root)
   assert "| bytes/lngram_r64 (1) | 1 | local | 0.4000 | 0.3500 | 0.3000 | 0.1000 | 0.2500 | – |" in text
   assert "1 of the 7 id_knn results predate this protocol" in text
-  claims = {c: v for c, _, _, v in report_ids.id_claims(root)}
+  claims = {c: v for c, _, _, v in id_claims(root)}
   assert claims["... and over the best surface reader (bytes alone)"].startswith("pending")
 
 
 def test_nothing_finished_is_pending(tmp_path, monkeypatch):
   monkeypatch.setattr(reproduce, "plan", lambda: [])
   assert "pending: no Lngram v2 run" in report_ids.id_section(tmp_path)
-  assert all(v.startswith("pending") for *_, v in report_ids.id_claims(tmp_path))
+  assert all(v.startswith("pending") for *_, v in id_claims(tmp_path))

@@ -11,8 +11,7 @@ from scipy import stats as sps
 
 from experiments.analysis import stats
 from experiments.tools import reproduce
-from experiments.tools.report import document as report
-from experiments.tools.report import margins, sensitivity
+from experiments.tools.report import family, margins, sensitivity
 from experiments.tools.report.collapse import COLLAPSE_RATIO, ste_collapse
 
 LN2 = math.log(2.0)
@@ -50,7 +49,7 @@ def _bits(values, keep):
 def test_rescoring_without_a_duplicate_gives_the_hand_computed_paired_t():
   results = _results()
   kept = sensitivity.without(results, "bytes", {"dup.py"})
-  seeds, d, docs, _ = report.paired_values(kept, "bytes", CONTRAST)
+  seeds, d, docs, _ = family.paired_values(kept, "bytes", CONTRAST)
   keep = np.array([True, False, True])
   want = [_bits(BASE[k], keep) - _bits(V2[k], keep) for k in (0, 1, 2)]
   assert seeds == [0, 1, 2] and d == pytest.approx(want, abs=1e-12)
@@ -62,7 +61,7 @@ def test_rescoring_without_a_duplicate_gives_the_hand_computed_paired_t():
   delta, tokens = docs
   assert delta.shape == (3, 2) and list(tokens) == [100.0, 200.0]
   # The full set is untouched (a copy), and the duplicate carried most of the gain.
-  full = report.paired_values(results, "bytes", CONTRAST)[1]
+  full = family.paired_values(results, "bytes", CONTRAST)[1]
   assert np.mean(full) > 3 * np.mean(d) > 0
   assert sensitivity.removed_units(results, sensitivity.NearDuplicates(
       "bytes", ("dup.py",), {"dup.py": ("twin.py",)})) == (1, 3, 50, 350)
@@ -73,7 +72,7 @@ def test_a_run_without_per_document_losses_cannot_be_rescored():
   results["bytes"]["baseline"]["seeds"][2]["per_doc"] = None
   kept = sensitivity.without(results, "bytes", {"dup.py"})
   assert kept["bytes"]["baseline"]["seeds"][2]["final"] is None
-  assert report.paired_values(kept, "bytes", CONTRAST)[0] == [0, 1]
+  assert family.paired_values(kept, "bytes", CONTRAST)[0] == [0, 1]
 
 
 def test_near_duplicates_are_checked_against_what_the_records_scored(monkeypatch):
@@ -109,10 +108,10 @@ def test_sensitivity_table_keeps_the_family_and_says_what_it_removed(monkeypatch
   monkeypatch.setattr(sensitivity, "near_duplicates", lambda results, setting: (
       sensitivity.NearDuplicates(setting, ("dup.py",), {"dup.py": ("twin.py",)})
       if setting == "bytes" else sensitivity.NearDuplicates(setting, why="no runs")))
-  text = report.sensitivity(_results())
+  text = family.sensitivity(_results())
   assert "not a replacement" in text
   assert "bytes: 1 of 3 documents removed, 50 of 350 scored bytes (14.3%): dup.py" in text
-  assert f"Holm over the same {len(report.claim_family())} claims" in text
+  assert f"Holm over the same {len(family.claim_family())} claims" in text
   [row] = [line for line in text.splitlines()
            if line.startswith("| bytes (sensitivity) | Lngram v2 r16 beats the memory-free "
                              "baseline |")]
@@ -128,8 +127,8 @@ def test_sensitivity_table_keeps_the_family_and_says_what_it_removed(monkeypatch
 def test_declared_margins():
   """Every claim worded as non-inferiority has a margin; each margin is half the paper's
   relative memory gain at the setting's recorded baseline loss."""
-  worded = [(s, c) for s, c, *_ in report.claim_family()] + \
-      [(s, c) for s, c, _ in report.CONTROLS]
+  worded = [(s, c) for s, c, *_ in family.claim_family()] + \
+      [(s, c) for s, c, _ in family.CONTROLS]
   ni = [(s, c) for s, c in worded if any(w in c for w in margins.WORDING)]
   assert ni and set(ni) == set(margins.MARGINS)
   for setting, claim in ni:
@@ -148,14 +147,14 @@ def test_a_noninferiority_claim_is_tested_against_the_margin():
   claim = "v2 r16 matches or beats v1 with 80% fewer total parameters"
   m = margins.margin_for("bytes", claim).value
   d = [-0.002, 0.001, -0.001]          # within the margin: non-inferior
-  test = report.claim_test("bytes", claim, d)
+  test = family.claim_test("bytes", claim, d)
   assert test["null"] == -m
   assert test["p"] == pytest.approx(sps.ttest_1samp(d, -m).pvalue, rel=1e-10)
   assert stats.verdict(test, test["p"]) == "supported"
-  worse = report.claim_test("bytes", claim, [-0.2, -0.21, -0.22])
+  worse = family.claim_test("bytes", claim, [-0.2, -0.21, -0.22])
   assert stats.verdict(worse, worse["p"]) == "reversed"
-  assert "(non-inferiority, margin 0.0104 bits/byte)" in report.claim_label("bytes", claim)
-  assert report.claim_test("bytes", "v2 r16 beats PKM", d)["null"] == 0.0
+  assert "(non-inferiority, margin 0.0104 bits/byte)" in family.claim_label("bytes", claim)
+  assert family.claim_test("bytes", "v2 r16 beats PKM", d)["null"] == 0.0
 
 
 def test_ste_collapse_is_read_from_the_loss_ratio():

@@ -98,3 +98,27 @@ def test_claims_wait_for_seeds_and_the_premise_for_its_analysis(tmp_path):
   premise = report_vlm.claims_table(tmp_path).splitlines()[4]
   assert premise.endswith("| pending: n = 1 seed (seed 1 done) |")
   assert ("vlm_long/base_s1", "already written: attention (--force redoes it)") in skipped
+
+
+def test_the_lora_claims_are_a_family_of_their_own(tmp_path):
+  """PVM against LoRA-SFT: paired by seed like the other arms, Holm over its two claims
+  only; the six claims of the first family do not change when LoRA runs finish."""
+  groups = ["very_short", "long", "very_short", "long"]
+  for seed in reproduce.VLM_SEEDS:
+    _write(tmp_path, "sft_pvm", seed, _eval([0.5, 0.6, 0.6, 0.6], groups))
+    _write(tmp_path, "sft_mlp", seed, _eval([0.5, 0.4, 0.6, 0.4], groups))
+  first = report_vlm.claims_table(tmp_path)
+  assert "pending" in report_vlm.claims_table(tmp_path, report_vlm.LORA_CLAIMS)
+  gains = {0: 0.05, 1: 0.06, 2: 0.04}   # PVM over LoRA on long answers only
+  for seed, gain in gains.items():
+    _write(tmp_path, "sft_lora", seed, _eval([0.5, 0.6 - gain, 0.6, 0.6 - gain], groups))
+  overall, growth = (report_vlm.claim_values(tmp_path, spec)[1]
+                     for _, _, spec in report_vlm.LORA_CLAIMS)
+  np.testing.assert_allclose(overall, [g / 2 for g in gains.values()])
+  np.testing.assert_allclose(growth, list(gains.values()))
+  lora = report_vlm.claims_table(tmp_path, report_vlm.LORA_CLAIMS)
+  assert "Holm over these 2 claims (2 evaluable)" in lora and "premise" not in lora
+  assert lora.count("| 3 | +0.0") == 2
+  assert report_vlm.claims_table(tmp_path) == first
+  section = report_vlm.vlm_section(tmp_path)
+  assert "`vlm_long/sft_lora_s2` | `vlm_long_sft.py:lora,s2`" in section

@@ -18,6 +18,7 @@ from experiments.models import DecoderLM, lm_config, params
 from experiments.tools import reproduce
 from experiments.tools.report import collect as results
 from experiments.tools.report import document as report
+from experiments.tools.report import family
 from experiments.tools.report import previous as report_previous
 from experiments.tools.report import vlm as report_vlm
 
@@ -130,7 +131,7 @@ def test_summary_table_from_two_arms_times_five_seeds(five_pairs):
       finals[("baseline", 3)])
   d = [finals[("baseline", s)] - finals[("lngram_r16", s)] for s in range(5)]
   test = stats.paired_t(d)
-  text = report.summary(collected)
+  text = family.summary(collected)
   [row] = [line for line in text.splitlines()
            if line.startswith("| bytes | Lngram v2 r16 beats the memory-free baseline")]
   cells = [c.strip() for c in row.split("|")[1:-1]]
@@ -149,7 +150,7 @@ def test_summary_table_from_two_arms_times_five_seeds(five_pairs):
 def test_document_bootstrap_and_pairing_use_the_same_seeds(five_pairs):
   root, _, tokens = five_pairs
   collected = results.collect(root)
-  seeds, d, docs, _ = report.paired_values(collected, "bytes", {"baseline": 1.0,
+  seeds, d, docs, _ = family.paired_values(collected, "bytes", {"baseline": 1.0,
                                                                "lngram_r16": -1.0})
   assert seeds == [0, 1, 2, 3, 4] and docs[0].shape == (5, 3)
   point, lo, hi = stats.doc_bootstrap_ci(*docs)
@@ -257,7 +258,8 @@ def test_the_whole_report_renders_from_run_files(five_pairs, tmp_path):
 
 
 def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, capsys):
-  """Per seed a stage-0 base, then PVM / MLP / no branch from it; trained after the LM runs,
+  """Per seed a stage-0 base, then PVM / MLP / no branch / LoRA-SFT from it; trained after
+  the LM runs,
   each Stage I after its base; done when metrics.json (the final evaluation) exists."""
   from experiments.cli.overrides import config_from_command_line
   vlm = reproduce.vlm_plan()
@@ -266,8 +268,9 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
       ("vlm_long/base_s1", "vlm_long_base.py:s1", None),
       ("vlm_long/sft_pvm_s1", "vlm_long_sft.py:s1", "vlm_long/base_s1"),
       ("vlm_long/sft_mlp_s1", "vlm_long_sft.py:mlp,s1", "vlm_long/base_s1"),
-      ("vlm_long/sft_none_s1", "vlm_long_sft.py:none,s1", "vlm_long/base_s1")]
-  assert sorted(r.seed for r in vlm) == [0] * 4 + [1] * 4 + [2] * 4
+      ("vlm_long/sft_none_s1", "vlm_long_sft.py:none,s1", "vlm_long/base_s1"),
+      ("vlm_long/sft_lora_s1", "vlm_long_sft.py:lora,s1", "vlm_long/base_s1")]
+  assert sorted(r.seed for r in vlm) == [0] * 5 + [1] * 5 + [2] * 5
   mlp = next(r for r in vlm if r.key == "vlm_long/sft_mlp_s2").command(tmp_path)
   assert mlp[2] == "--config=experiments/configs/vlm_long_sft.py:mlp,s2"
   fields = [a[len("--config."):].split("=", 1) for a in mlp[3:] if a.startswith("--config.")]
@@ -284,18 +287,18 @@ def test_the_pvm_rerun_rows_their_commands_and_order(tmp_path, monkeypatch, caps
   order = [r.key for r in reproduce.training_order(reproduce.plan(), {r.key: r for r in
                                                                      reproduce.plan()})]
   first = order.index("vlm_long/base_s0")
-  assert all(k.startswith("vlm_long/") for k in order[first:]) and len(order[first:]) == 12
+  assert all(k.startswith("vlm_long/") for k in order[first:]) and len(order[first:]) == 15
   assert all(order.index(r.after) < order.index(r.key) for r in vlm if r.after)
   # `list` notes the experiment is trained last; `run` trains each Stage I right after its base.
   assert reproduce.main(["list", "--only=vlm_long", f"--root={tmp_path}"]) == 0
   out = capsys.readouterr().out.splitlines()
-  assert out[0].startswith("note  vlm_long: trained after the Lngram runs") and len(out) == 14
-  # Nothing recorded: the training left is VLM_PRIOR_STEP_S's (3 bases, 9 Stage I runs).
-  left_h = (3 * (1800 * 0.85 + 2000 * 10.2) + 9 * 600 * 3.5) * reproduce.DEADLINE_MARGIN / 3600
-  assert out[-1].startswith(f"queue: 12 todo of 12 runs; ~{left_h:.1f} core-hours of training")
+  assert out[0].startswith("note  vlm_long: trained after the Lngram runs") and len(out) == 17
+  # Nothing recorded: the training left is VLM_PRIOR_STEP_S's (3 bases, 12 Stage I runs).
+  left_h = (3 * (1800 * 0.85 + 2000 * 10.2) + 12 * 600 * 3.5) * reproduce.DEADLINE_MARGIN / 3600
+  assert out[-1].startswith(f"queue: 15 todo of 15 runs; ~{left_h:.1f} core-hours of training")
   calls = []
   monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
-  assert reproduce.run_queue([vlm[3], vlm[6], vlm[0]], tmp_path) == 0   # sft s0, s1, base s0
+  assert reproduce.run_queue([vlm[3], vlm[7], vlm[0]], tmp_path) == 0   # sft s0, s1, base s0
   assert [next(a for a in c if a.startswith("--workdir=")) for c in calls] == [
       f"--workdir={tmp_path}/vlm_long/base_s0", f"--workdir={tmp_path}/vlm_long/sft_pvm_s0"]
   assert "skip vlm_long/sft_pvm_s1: waits for vlm_long/base_s1" in capsys.readouterr().out
@@ -370,7 +373,7 @@ def test_the_token_setting_s_validation_is_capped_and_its_split_checked(tmp_path
 
 def test_the_previous_section_s_verdicts_sit_beside_the_computed_ones(five_pairs):
   root, _, _ = five_pairs
-  verdicts = report.family_verdicts(report.family_tests(results.collect(root))[0])
+  verdicts = family.family_verdicts(family.family_tests(results.collect(root))[0])
   assert verdicts[("bytes", "Lngram v2 r16 beats the memory-free baseline")] == (5, "supported")
   assert verdicts[("tokens", "v2 r16 vs Engram")] == (0, "pending")
   text = report_previous.section(verdicts)

@@ -13,6 +13,7 @@ from experiments.data.validation import write_per_doc
 from experiments.tools import reproduce
 from experiments.tools.report import collect as results
 from experiments.tools.report import document as report
+from experiments.tools.report import provenance
 from experiments.tools.reproduce import records as run_records
 
 
@@ -338,7 +339,7 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   (workdir / reproduce.STAMP).write_text(json.dumps(stamp | {"cpus": ["Other CPU (avx2)"]}))
   reproduce.queue._train(pkm, tmp_path, smoke=False)
   assert reproduce.cpus_seen(workdir) == sorted(["Other CPU (avx2)", reproduce.cpu_signature()])
-  line = report._flags_line([{"xla_flags": ["--a"], "cpus": ["X (avx2)"]},
+  line = provenance._flags_line([{"xla_flags": ["--a"], "cpus": ["X (avx2)"]},
                              {"xla_flags": ["--a"], "cpus": ["X (avx2)"]}, {}])
   assert line == ("XLA_FLAGS `--a` (2 runs), not recorded (1 run); CPUs CPU not recorded "
                   "(1 run), X (avx2) (2 runs)")
@@ -349,14 +350,14 @@ def test_the_stamp_keeps_every_xla_flags_a_run_trained_under(tmp_path, by_key, m
   results = {"bytes": {"baseline": {"seeds": {0: seed(["--a"]), 1: seed(["--a"])}},
                        "pkm": {"seeds": {0: seed(["--a"]), 1: seed(None)}},
                        "engram": {"seeds": {0: seed(["--a"]), 1: seed(["--a"], None)}}}}
-  note = report.flag_mismatches(results)
+  note = provenance.flag_mismatches(results)
   assert note.endswith("bytes seed 1: pkm (not recorded on X (avx512)), the other 1 under "
                        "`--a` on X (avx512).")
   assert "seed 0" not in note and "engram" not in note    # unfinished runs are not counted
   results["bytes"]["pkm"]["seeds"][1] = seed(["--a"])
-  assert report.flag_mismatches(results) == ""
+  assert provenance.flag_mismatches(results) == ""
   results["bytes"]["pkm"]["seeds"][1] = seed(["--a"], cpu="Y (avx2)")
-  assert "pkm (`--a` on Y (avx2))" in report.flag_mismatches(results)
+  assert "pkm (`--a` on Y (avx2))" in provenance.flag_mismatches(results)
 
 
 def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tmp_path):
@@ -373,7 +374,7 @@ def test_a_token_run_s_provenance_names_its_shards_and_tokenizer_not_its_path(tm
   results = {"bytes": {"a": {"seeds": {0: {"corpus": "ab" * 32}, 1: {"corpus": "ab" * 32}}}},
              "tokens": {"a": {"seeds": {0: {"corpus": "cd" * 32, "tokenizer": "ef" * 32},
                                         1: {"corpus": "00" * 32, "tokenizer": "ef" * 32}}}}}
-  line = report._data_line(results)
+  line = provenance._data_line(results)
   assert line.startswith("bytes data sha256 abababababababab… (all 2 runs); tokens data "
                          "sha256 0000000000000000…, cdcdcdcdcdcdcdcd… (DIFFERENT across its "
                          "2 runs); tokens tokenizer sha256 efefefefefefefef… (all 2 runs)")
@@ -385,12 +386,12 @@ def test_the_report_describes_each_setting_s_validation_set():
   same = {"bytes": {"baseline": {"seeds": {0: seed(["a", "b"], [900, 100])}},
                     "pkm": {"seeds": {0: seed(["a", "b"], [900, 100]),
                                       1: {"final": None, "per_doc": None}}}}}
-  line = report.validation_line(same)
+  line = provenance.validation_line(same)
   assert line == ("bytes validation 2 documents, 1,000 scored units, the largest 90.0% "
                   "(ABOVE the 10% cap)")
   same["tokens"] = {"pkm": {"seeds": {0: seed([str(i) for i in range(20)], [5] * 20),
                                       1: seed([str(i) for i in range(10)], [5] * 10)}}}
-  line = report.validation_line(same)
+  line = provenance.validation_line(same)
   assert line.endswith("tokens validation 20 documents, 100 scored units, the largest 5.0% / "
                        "10 documents, 50 scored units, the largest 10.0% (DIFFERENT sets "
                        "across its runs: 2)")

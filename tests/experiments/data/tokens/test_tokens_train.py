@@ -20,7 +20,7 @@ from experiments.jobs import run_train
 from experiments.jobs.lm.evaluate import evaluate_run
 from experiments.jobs.restore import restore
 
-STEPS = 16
+STEPS = 8   # killed once step 4 is saved: the resume trains on past the save of step 6
 ROOT = Path(__file__).resolve().parents[4]
 
 
@@ -76,7 +76,7 @@ def test_kill_9_during_training_then_resume_is_bit_identical(token_dir, smoke_co
   child.wait()
   saved = sorted(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
   assert saved and saved[-1] < STEPS, "the run ended before it could be killed"
-  done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-2000:]
+  # The resume needs no process of its own: in this one it reuses the straight run's compiles.
+  assert run_train(config, killed)["step"] == STEPS
   for a, b in zip(params(tmp_path / "straight"), params(killed), strict=True):
     np.testing.assert_array_equal(a, b)

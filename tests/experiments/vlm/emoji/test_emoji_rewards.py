@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.vlm.emoji.rewards import accuracy_reward, format_reward, parse_answer, reward, rewards
+from experiments.vlm.emoji.rewards import (
+  accuracy_reward,
+  format_reward,
+  parse_answer,
+  reward,
+  rewards,
+)
 
 CASES = [
     # text, target, parsed, format, accuracy

@@ -3,7 +3,7 @@
 Each template here was refused or misread by the former recognise-by-regex path:
 a Llama-3-style template (no chat-ML), a Qwen3-VL template with a default system
 turn set in a variable. Both run from a checkpoint directory (the tiny one of
-experiments/hf/qwen3vl/tiny_processor.py with the template swapped in) and are
+experiments/hf/qwen3vl/synthetic_processor.py with the template swapped in) and are
 compared with transformers' `apply_chat_template(..., tokenize=False)` on the
 tokenizer transformers loads from the same directory.
 """
@@ -19,7 +19,10 @@ from PIL import Image
 
 from experiments.hf.qwen3vl import chat
 from experiments.hf.qwen3vl.processor import Qwen3VLProcessor
-from experiments.hf.qwen3vl.tiny_processor import QWEN3_VL_CHAT_TEMPLATE, write_tiny_processor_dir
+from experiments.hf.qwen3vl.synthetic_processor import (
+  QWEN3_VL_CHAT_TEMPLATE,
+  write_synthetic_processor_dir,
+)
 
 # Llama-3.1-Instruct's layout: BOS, a system turn (a default one when the conversation has
 # none) dated by `date_string` or strftime_now, roles that must alternate, content trimmed.
@@ -82,7 +85,7 @@ def _checkpoint(root, template: str, *, where: str = "chat_template.jinja", **co
   """A copy of the tiny processor directory with `template` as its chat template."""
   tiny = root / "tiny"
   if not tiny.is_dir():
-    write_tiny_processor_dir(tiny)
+    write_synthetic_processor_dir(tiny)
   out = root / f"ckpt{len(list(root.iterdir()))}"
   shutil.copytree(tiny, out)
   (out / "chat_template.jinja").unlink()

@@ -9,17 +9,17 @@ import pytest
 from PIL import Image
 
 from experiments.hf.qwen3vl.processor import Qwen3VLProcessor
-from experiments.hf.qwen3vl.tiny_processor import write_tiny_processor_dir
+from experiments.hf.qwen3vl.synthetic_processor import write_synthetic_processor_dir
+from experiments.vlm.emoji import SceneConfig, make_split
+from experiments.vlm.emoji.emoji_scenes import count
 from experiments.vlm.qwen3vl.conversations import ConversationData, collate, collate_prompts
 from experiments.vlm.qwen3vl.emoji_jsonl import emoji_jsonl
 from experiments.vlm.qwen3vl.image import ImageConfig
-from experiments.vlm.emoji import SceneConfig, make_split
-from experiments.vlm.emoji.emoji_scenes import count
 
 
 @pytest.fixture(scope="module")
 def processor(tmp_path_factory):
-  return Qwen3VLProcessor.from_dir(write_tiny_processor_dir(tmp_path_factory.mktemp("tiny")))
+  return Qwen3VLProcessor.from_dir(write_synthetic_processor_dir(tmp_path_factory.mktemp("tiny")))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""Qwen3-VL's compiled decode loop (experiments/vlm/qwen3vl/generate.py): its greedy
-tokens are the uncached twin's, rows stop at their end token without stopping the
-batch, and the loop compiles once per shape.
+"""Qwen3-VL through the one compiled decode loop (experiments/models/generate.py; entry
+points in experiments/vlm/qwen3vl/generate.py): its greedy tokens are the uncached
+twin's, rows stop at their end token without stopping the batch, and the loop compiles
+once per shape.
 
 The model and batch are test_prefill's: PVM at layer 1 with its gate open, a row with
 an image and a shorter text-only row.
@@ -8,12 +9,18 @@ an image and a shorter text-only row.
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import numpy as np
+from flax import nnx
 from test_prefill import _inputs, model  # noqa: F401  (the fixture)
 
 from experiments.vlm.qwen3vl import generate
 from experiments.vlm.qwen3vl.generate import greedy_generate, greedy_generate_uncached, sample
+
+# The module (the package `experiments.models` exports the function `generate`).
+sampler = importlib.import_module("experiments.models.generate")
 
 N = 6
 PAD = 7
@@ -65,7 +72,9 @@ def test_the_loop_exits_when_every_row_has_ended(model):  # noqa: F811
                                 image_grid_thw=packed["image_grid_thw"],
                                 attention_mask_BxT=packed["attention_mask"],
                                 cache_len=packed["input_ids"].shape[1] + N)
-  *_, steps = generate._decode_loop(
+  loop = nnx.jit(sampler.decode_loop,
+                 static_argnames=("max_new_tokens", "pad_token_id", "greedy", "return_logp"))
+  *_, steps = loop(
       model, generate.last_logits(logits, packed["lengths"]), cache, jax.random.key(0), 1.0,
       generate.end_ids(ends), max_new_tokens=N, pad_token_id=PAD, greedy=True,
       return_logp=False)
@@ -74,13 +83,13 @@ def test_the_loop_exits_when_every_row_has_ended(model):  # noqa: F811
 
 def test_the_decode_loop_traces_once_per_shape(model, monkeypatch):  # noqa: F811
   traces = []
-  inner = generate.decode_loop
+  inner = sampler.decode_loop
 
   def counted(*args, **kwargs):
     traces.append(1)
     return inner(*args, **kwargs)
 
-  monkeypatch.setattr(generate, "decode_loop", counted)
+  monkeypatch.setattr(sampler, "decode_loop", counted)
   inputs = _inputs(model.config)
   rng = jax.random.key(3)
   N1 = N + 1   # a shape no other test compiled
@@ -91,10 +100,7 @@ def test_the_decode_loop_traces_once_per_shape(model, monkeypatch):  # noqa: F81
 
 
 def test_the_one_program_rollout_equals_the_sampler(model):  # noqa: F811
-  """`rollout` (the plan's program: prefill + loop traced as one) draws what `sample`'s
-  two programs draw."""
-  from flax import nnx
-
+  """`rollout` (the plan's program, from a packed batch) draws what `sample` draws."""
   inputs = _inputs(model.config)
   packed = generate.pack_right(inputs)
   ids, mask = packed["input_ids"], packed["attention_mask"]

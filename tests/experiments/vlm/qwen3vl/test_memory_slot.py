@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.vlm.qwen3vl.model import Qwen3VL
-from experiments.vlm.qwen3vl.tiny import TINY_VOCAB, tiny_config
+from experiments.vlm.qwen3vl.random_config import RANDOM_VOCAB, random_qwen3vl_config
 from lngram_jax.config import LngramConfig
 
 MEMORY = LngramConfig(d_model=64, routes=4, bits=3, orders=(2, 3), mem_dim=16, q_heads=2,
@@ -19,10 +19,10 @@ GRID = (1, 4, 4)   # 16 patches of 3·2·4·4 values, 4 merged image tokens
 
 
 def _inputs():
-  config = tiny_config()
+  config = random_qwen3vl_config()
   rng = np.random.default_rng(0)
   ids = ([3, 4, config.vision_start_token_id] + [config.image_token_id] * 4
-         + [config.vision_end_token_id] + list(rng.integers(0, TINY_VOCAB - 8, 6)))
+         + [config.vision_end_token_id] + list(rng.integers(0, RANDOM_VOCAB - 8, 6)))
   return dict(input_ids_BxT=np.asarray([ids], np.int64),
               pixel_values=jnp.asarray(rng.normal(size=(16, 96)), jnp.float32),
               image_grid_thw=np.asarray([GRID], np.int64),
@@ -30,8 +30,8 @@ def _inputs():
 
 
 def test_lngram_in_qwen3vl_pairs_with_the_base_and_trains():
-  base = Qwen3VL(tiny_config(), rngs=nnx.Rngs(0))
-  model = Qwen3VL(tiny_config(text=dict(memory_layers=(1,), memory=MEMORY)), rngs=nnx.Rngs(0))
+  base = Qwen3VL(random_qwen3vl_config(), rngs=nnx.Rngs(0))
+  model = Qwen3VL(random_qwen3vl_config(text=dict(memory_layers=(1,), memory=MEMORY)), rngs=nnx.Rngs(0))
   base_params = dict(nnx.to_flat_state(nnx.state(base, nnx.Param)))
   ours = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   memory = {k for k in ours if "memory" in map(str, k)}
@@ -41,7 +41,7 @@ def test_lngram_in_qwen3vl_pairs_with_the_base_and_trains():
 
   inputs = _inputs()
   logits, aux = model(**inputs)
-  assert logits.shape == (1, inputs["input_ids_BxT"].shape[1], TINY_VOCAB)
+  assert logits.shape == (1, inputs["input_ids_BxT"].shape[1], RANDOM_VOCAB)
   assert bool(jnp.all(jnp.isfinite(logits)))
   assert aux["memory/1/codes"].shape == (1, inputs["input_ids_BxT"].shape[1], MEMORY.routes)
   base_logits, _ = base(**inputs)

@@ -18,14 +18,14 @@ from experiments.vlm.qwen3vl.generate import greedy_generate
 from experiments.vlm.qwen3vl.model import Qwen3VL
 from experiments.vlm.qwen3vl.positions import rope_index
 from experiments.vlm.qwen3vl.pvm import with_pvm
-from experiments.vlm.qwen3vl.tiny import TINY_VOCAB, tiny_config
+from experiments.vlm.qwen3vl.random_config import RANDOM_VOCAB, random_qwen3vl_config
 
 GRID = (1, 4, 4)   # 16 patches of 3·2·4·4 values, 4 merged image tokens
 
 
 @pytest.fixture(scope="module")
 def model():
-  config = with_pvm(tiny_config(), layers=(1,), latent_dim=32)
+  config = with_pvm(random_qwen3vl_config(), layers=(1,), latent_dim=32)
   model = Qwen3VL(config, rngs=nnx.Rngs(0))
   # λ = 0 at init would hide the branch: open the gate so the visual memory counts.
   model.lm.blocks[1].ffn_branch.gate[...] = jnp.asarray(0.5, jnp.float32)
@@ -34,7 +34,7 @@ def model():
 
 def _inputs(config):
   rng = np.random.default_rng(0)
-  text = lambda n: list(rng.integers(0, TINY_VOCAB - 8, n))
+  text = lambda n: list(rng.integers(0, RANDOM_VOCAB - 8, n))
   image_row = ([3, config.vision_start_token_id] + [config.image_token_id] * 4
                + [config.vision_end_token_id] + text(5))
   text_row = text(7)

@@ -1,6 +1,6 @@
 """Qwen3VLProcessor == transformers' Qwen3VLProcessor (PIL image processor) on the same inputs.
 
-The checkpoint directory is the tiny one of experiments/hf/qwen3vl/tiny_processor.py
+The checkpoint directory is the tiny one of experiments/hf/qwen3vl/synthetic_processor.py
 (Qwen's tokenizer layout and special tokens, Qwen3-VL's chat template and
 preprocessor fields, a CPU-sized pixel budget). transformers builds its
 processor from the same files; its video processor needs torchvision, which
@@ -17,11 +17,11 @@ from PIL import Image
 
 from experiments.hf.qwen3vl import chat
 from experiments.hf.qwen3vl.processor import Qwen3VLProcessor
-from experiments.hf.qwen3vl.tiny_processor import (
+from experiments.hf.qwen3vl.synthetic_processor import (
   QWEN3_VL_CHAT_TEMPLATE,
-  TINY_MAX_PIXELS,
-  TINY_MIN_PIXELS,
-  write_tiny_processor_dir,
+  SMOKE_MAX_PIXELS,
+  SMOKE_MIN_PIXELS,
+  write_synthetic_processor_dir,
 )
 from experiments.vlm.qwen3vl.image import ImageConfig, smart_resize
 
@@ -45,7 +45,7 @@ QWEN2_VL_CHAT_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-  return write_tiny_processor_dir(tmp_path_factory.mktemp("qwen3vl_processor"))
+  return write_synthetic_processor_dir(tmp_path_factory.mktemp("qwen3vl_processor"))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_the_template_is_the_checkpoints_file():
 
 
 def test_the_tiny_dir_is_the_same_every_time(tiny_dir, tmp_path):
-  again = write_tiny_processor_dir(tmp_path / "again")
+  again = write_synthetic_processor_dir(tmp_path / "again")
   names = sorted(p.name for p in tiny_dir.iterdir())
   assert names == ["chat_template.jinja", "preprocessor_config.json", "tokenizer.json",
                    "tokenizer_config.json"]
@@ -96,14 +96,14 @@ def test_the_tiny_dir_is_the_same_every_time(tiny_dir, tmp_path):
 
 
 def test_smart_resize_keeps_the_budget(images):
-  config = ImageConfig(patch_size=16, min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
+  config = ImageConfig(patch_size=16, min_pixels=SMOKE_MIN_PIXELS, max_pixels=SMOKE_MAX_PIXELS)
   sizes = [smart_resize(*np.asarray(im).shape[:2], config.factor, config.min_pixels,
                         config.max_pixels) for im in images]
   for h, w in sizes:
     assert h % 32 == 0 and w % 32 == 0
-    assert TINY_MIN_PIXELS <= h * w <= TINY_MAX_PIXELS
-  assert 900 * 700 > TINY_MAX_PIXELS and sizes[0] == (576, 448)     # scaled down, floored
-  assert 20 * 30 < TINY_MIN_PIXELS and sizes[1] == (128, 160)       # scaled up, ceiled
+    assert SMOKE_MIN_PIXELS <= h * w <= SMOKE_MAX_PIXELS
+  assert 900 * 700 > SMOKE_MAX_PIXELS and sizes[0] == (576, 448)     # scaled down, floored
+  assert 20 * 30 < SMOKE_MIN_PIXELS and sizes[1] == (128, 160)       # scaled up, ceiled
   assert sizes[2] == (192, 320)                                     # rounded only
 
 

@@ -12,7 +12,7 @@ from flax import nnx
 from experiments.jobs.qwen3vl.sft import micro_grid, sft_loss
 from experiments.trainer.step import make_train_step
 from experiments.vlm.qwen3vl.model import Qwen3VL
-from experiments.vlm.qwen3vl.tiny import TINY_VOCAB, tiny_config
+from experiments.vlm.qwen3vl.random_config import RANDOM_VOCAB, random_qwen3vl_config
 
 GRID = (1, 4, 4)   # 16 patches, 4 merged image tokens per row
 
@@ -20,7 +20,7 @@ GRID = (1, 4, 4)   # 16 patches, 4 merged image tokens per row
 def _batch(model, rows=2):
   c, rng = model.config, np.random.default_rng(0)
   ids = np.stack([[3, c.vision_start_token_id] + [c.image_token_id] * 4
-                  + [c.vision_end_token_id] + list(rng.integers(0, TINY_VOCAB - 8, 6))
+                  + [c.vision_end_token_id] + list(rng.integers(0, RANDOM_VOCAB - 8, 6))
                   for _ in range(rows)])
   grid = np.asarray([GRID] * rows)
   loss_mask = np.zeros(ids.shape, bool)
@@ -41,7 +41,7 @@ def test_micro_grid_takes_the_leading_images_and_refuses_a_split_image():
 
 
 def test_two_micro_batches_equal_the_whole_batch():
-  model = Qwen3VL(tiny_config(), rngs=nnx.Rngs(0))
+  model = Qwen3VL(random_qwen3vl_config(), rngs=nnx.Rngs(0))
   batch, grid = _batch(model)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   tx = optax.sgd(1.0)
@@ -64,7 +64,7 @@ def test_each_rows_own_image_as_pvm_memory_changes_nothing_but_its_width():
   default min(T, the batch's visual tokens) (8 slots, the other row's masked): the same
   gradients, whole batch and in two micro-batches."""
   from experiments.vlm.qwen3vl.pvm import with_pvm
-  config = tiny_config()
+  config = random_qwen3vl_config()
   config = with_pvm(config, (config.text.n_layers - 1,), 2 * config.text.head_dim)
   model = Qwen3VL(config, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from experiments.models.config import LMConfig
 from experiments.vlm.qwen3vl.config import Qwen3VLConfig, VisionConfig
 
-TINY_VOCAB = 320
+RANDOM_VOCAB = 320
 
 
-def tiny_config(*, text: dict | None = None, vision: dict | None = None,
+def random_qwen3vl_config(*, text: dict | None = None, vision: dict | None = None,
                 **overrides) -> Qwen3VLConfig:
-  lm = LMConfig(vocab_size=TINY_VOCAB, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2,
+  lm = LMConfig(vocab_size=RANDOM_VOCAB, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2,
                 head_dim=16, ffn_dim=96, max_len=512, tie_embeddings=False, qk_norm=True,
                 norm_scale_in_dtype=True, mrope_section=(2, 3, 3), mrope_interleaved=True)
   tower = VisionConfig(depth=2, hidden_size=32, num_heads=2, intermediate_size=48,
@@ -25,6 +25,6 @@ def tiny_config(*, text: dict | None = None, vision: dict | None = None,
                        deepstack_visual_indexes=(0, 1))
   fields = dict(text=lm.replace(**(text or {})), vision=VisionConfig(**{
       **{k: getattr(tower, k) for k in tower.__dataclass_fields__}, **(vision or {})}),
-      image_token_id=TINY_VOCAB - 2, video_token_id=TINY_VOCAB - 1,
-      vision_start_token_id=TINY_VOCAB - 4, vision_end_token_id=TINY_VOCAB - 3)
+      image_token_id=RANDOM_VOCAB - 2, video_token_id=RANDOM_VOCAB - 1,
+      vision_start_token_id=RANDOM_VOCAB - 4, vision_end_token_id=RANDOM_VOCAB - 3)
   return Qwen3VLConfig(**{**fields, **overrides})

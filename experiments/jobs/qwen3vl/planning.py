@@ -1,7 +1,13 @@
-"""Planning the PVM-on-Qwen3-VL stages (experiments/configs/qwen3vl_pvm_*.py) from shapes alone.
+"""The Qwen3-VL job's plan hooks (`lngram-exp plan`, experiments/plan; the job's
+`planner()`): the PVM-on-Qwen3-VL stages (experiments/configs/qwen3vl_pvm_*.py) from
+shapes alone.
 
+    check_mesh(config, sizes)             refuses a mesh the stage cannot run on
+    abstract_run(config, mesh)            (AbstractRun, model config, geometry): the
+                                          stage's train step, abstract state
+    counts(config, run, mc, geo, devices, token_shards)   parameters and FLOPs by
+                                          formula, the activation estimate, the rows
     mc = qwen3vl_model(config)            the Qwen3VLConfig, no checkpoint needed
-    run = qwen3vl_abstract_run(config, mesh)   the stage's train step, abstract state
     qwen3vl_param_count(mc)               parameters by part (exact)
     qwen3vl_train_flops(mc, geometry)     FLOPs of one compiled step (formula)
 
@@ -17,7 +23,8 @@ over prompts_per_step · group_size rows of [prompt | completion], the prompt
 being the image's tokens + PROMPT_TEXT text tokens (an assumption: the data
 decide it). Sampling the completions (prefill + the decode loop to max_new_tokens) is
 not part of the train step: it is planned as a program of its own
-(`plan --program=rollout`, experiments/plan/rollout.py).
+(`plan --program=rollout`, experiments/plan/rollout.py, which builds on
+`qwen3vl_model`, `geometry` and `abstract_params`).
 Images: one per row at `qwen3vl.data.image_size` (fixed), grid [1, H/p, W/p].
 """
 
@@ -31,10 +38,11 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments.plan.accounting import macs_per_token, param_count, train_flops
+from experiments.jobs.abstract import AbstractRun, bytes_per_device
+from experiments.models.counts import macs_per_token, param_count, train_flops
 from experiments.trainer import optimizer as optim_lib
 from experiments.trainer import placement as mesh_lib
-from experiments.trainer import step as step_lib
+from experiments.trainer.state import abstract_train_state
 
 PROMPT_TEXT = 64   # Stage II: text tokens of a prompt besides the image's (assumed)
 _TEXT = dict(attention_bias=False, head_dim=128, hidden_act="silu", num_attention_heads=32,
@@ -87,9 +95,9 @@ def _smoke_processor():
   from pathlib import Path
 
   from experiments.hf.qwen3vl.processor import Qwen3VLProcessor
-  from experiments.hf.qwen3vl.tiny_processor import write_tiny_processor_dir
+  from experiments.hf.qwen3vl.synthetic_processor import write_synthetic_processor_dir
   with tempfile.TemporaryDirectory() as tmp:
-    return Qwen3VLProcessor.from_dir(write_tiny_processor_dir(Path(tmp) / "p"))
+    return Qwen3VLProcessor.from_dir(write_synthetic_processor_dir(Path(tmp) / "p"))
 
 
 def geometry(config, mc) -> dict:
@@ -126,7 +134,7 @@ def _tower_counts(v) -> dict[str, int]:
 
 
 def qwen3vl_param_count(mc) -> dict[str, int]:
-  """{"total", "text", "vision", "pvm"}: the decoder (accounting.param_count), the
+  """{"total", "text", "vision", "pvm"}: the decoder (models/counts.py param_count), the
   vision tower (patch embedding + bias, position table, blocks of two LayerNorms, qkv,
   proj, fc1, fc2 with biases, the merger and DeepStack mergers: LN, fc1 4E×4E, fc2
   4E×D with biases) and the PVM branches (pvm_jax.module.param_count)."""
@@ -148,12 +156,12 @@ def qwen3vl_train_flops(mc, geo: dict) -> dict[str, float]:
             frame of S patches: one image of one frame per row), per merged token
             (1 + DeepStack) · (4E·4E + 4E·D), the patch embedding P·E (no input
             gradient: pixels); frozen in both stages: forward only
-    text    the decoder's layers (accounting.macs_per_token) and its unembedding;
+    text    the decoder's layers (models/counts.py macs_per_token) and its unembedding;
             Stage I: layers up to the lowest branch forward only, the layers above it
             with input gradients but no weight gradients (the attention core: both of its
             backward products), the unembedding with its input gradient only (and its
             forward twice: the chunked loss recomputes the logits in the backward);
-            Stage II: accounting.train_flops, the unembedding at the completion
+            Stage II: models/counts.py train_flops, the unembedding at the completion
             tokens only (the objective reads their log-probabilities); remat adds a
             forward of every block
             that has a backward
@@ -199,7 +207,7 @@ def qwen3vl_train_flops(mc, geo: dict) -> dict[str, float]:
 def _frozen_text_flops(model, lowest: int, *, rows: int, seq_len: int) -> float:
   """The frozen decoder of Stage I (qwen3vl_train_flops): layers 0..lowest forward only,
   the layers above with input gradients (remat: and a second forward). Per-layer
-  multiply-adds come from accounting.macs_per_token (the Qwen3-VL decoders are dense, so
+  multiply-adds come from models/counts.py macs_per_token (the Qwen3-VL decoders are dense, so
   every layer costs the same)."""
   if getattr(model, "moe_layers", ()):
     raise ValueError("Stage-I FLOPs assume a dense decoder; this one has MoE layers")
@@ -253,7 +261,7 @@ def _loss(config, geo: dict, mesh):
   return sft_loss(grid, images_per_row=1, mesh=mesh)
 
 
-def check_qwen3vl_mesh(config, sizes: dict) -> None:
+def check_mesh(config, sizes: dict) -> None:
   """One-line refusals of a mesh the stage cannot run on."""
   mc = qwen3vl_model(config)
   geo = geometry(config, mc)
@@ -270,56 +278,61 @@ def check_qwen3vl_mesh(config, sizes: dict) -> None:
                      f"mesh.fsdp = {shards}.")
 
 
+def _module(mc):
+  from experiments.vlm.qwen3vl.model import Qwen3VL
+  return nnx.eval_shape(lambda: Qwen3VL(mc, rngs=nnx.Rngs(params=0)))
+
+
 def abstract_params(mc, mesh):
   """(graphdef, params, rest, the decoder's layer spans) of the abstract Qwen3VL of `mc`:
   parameters as ShapeDtypeStructs under the trainer's placement on `mesh`, the rest
-  replicated (the step's and the rollout's, experiments/plan/rollout.py)."""
-  from experiments.vlm.qwen3vl.model import Qwen3VL
-  module = nnx.eval_shape(lambda: Qwen3VL(mc, rngs=nnx.Rngs(params=0)))
+  replicated (the rollout's, experiments/plan/rollout.py: no optimizer state)."""
+  module = _module(mc)
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  param_sh = mesh_lib.shardings(mesh_lib.param_specs(params, mesh, rules=None), mesh)
+  param_sh = mesh_lib.Placement(mesh, params).params
   replicated = NamedSharding(mesh, P())
   rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                       rest)
   return graphdef, _abstract(params, param_sh), rest, tuple(module.lm.layer_spans)
 
 
-def qwen3vl_abstract_run(config, mesh):
-  """The stage's AbstractRun (experiments/plan/abstract.py) and its geometry."""
+def abstract_run(config, mesh):
+  """(AbstractRun, the Qwen3VLConfig, the stage's geometry with what trains): the state
+  `experiments.trainer.state.abstract_train_state` builds, the step its `step_fn`."""
   from experiments.jobs.vlm.loss import trainable_mask
-  from experiments.plan.abstract import AbstractRun
   mc = qwen3vl_model(config)
   geo = geometry(config, mc)
-  graphdef, params, rest, _ = abstract_params(mc, mesh)
-  param_sh = jax.tree.map(lambda x: x.sharding, params)
-  replicated = NamedSharding(mesh, P())
   steps = int(config.train.steps)
   trainable = trainable_mask(config.qwen3vl.stage.trainable)
-  tx = optim_lib.make_optimizer(config.optim, params, steps, trainable=trainable)
-  opt = jax.eval_shape(tx.init, params)
-  opt_sh = mesh_lib.like_params(opt, param_sh, mesh)
-  state = {"params": params, "opt_state": _abstract(opt, opt_sh),
-           "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)}
-  step = step_lib.make_train_step(
-      graphdef, tx, optim_lib.learning_rate_schedule(config.optim, steps),
-      _loss(config, geo, mesh), grad_accum=int(config.train.get("grad_accum", 1)),
-      out_shardings=({"params": param_sh, "opt_state": opt_sh, "step": replicated},
-                     replicated),
-      frozen=optim_lib.frozen_mask(params, trainable, config.optim))
+  train = abstract_train_state(_module(mc), config.optim, steps, mesh, trainable=trainable)
+  step = train.step_fn(0, _loss(config, geo, mesh),
+                       optim_lib.learning_rate_schedule(config.optim, steps),
+                       grad_accum=int(config.train.get("grad_accum", 1)))
+  params = train.state["params"]
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   trained = sum(math.prod(x.shape) for p, x in flat
                 if trainable is None or trainable(optim_lib.path_str(p)))
   geo = {**geo, "trainable": trained, "trainable_name": config.qwen3vl.stage.trainable}
-  run = AbstractRun(mc.text, mesh, state, rest, _batch(geo, mc, mesh), step,
+  run = AbstractRun(mc.text, mesh, train.state, train.rest, _batch(geo, mc, mesh), step,
                     geo["rows"] * geo["seq_len"])
   return run, mc, geo
+
+
+def counts(config, run, mc, geo, devices: int, token_shards: int) -> dict:
+  """Parameters and FLOPs by part (formula), the activation estimate, the step's rows."""
+  del config, devices
+  parts = qwen3vl_train_flops(mc, geo)
+  vl = {**geo, "flops_parts": parts, "layers": mc.text.n_layers,
+        "pvm_layers": tuple(mc.text.ffn_branch_layers), "vision_depth": mc.vision.depth}
+  return {"counts": qwen3vl_param_count(mc), "batch": geo["rows"],
+          "seq_len": geo["seq_len"], "vl": vl, "formula": parts["total"],
+          "estimate": memory_estimate(mc, geo, token_shards, run)}
 
 
 def memory_estimate(mc, geo: dict, token_shards: int, run) -> dict[str, int]:
   """Bytes per device: the parameters and optimizer state as the run's shardings hold
   them, and `activations_estimate`."""
-  from experiments.plan.abstract import bytes_per_device
   return {"params": bytes_per_device(run.state["params"]),
           "optimizer": bytes_per_device(run.state["opt_state"]),
           "activations": activations_estimate(mc, geo, token_shards)}
