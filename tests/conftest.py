@@ -86,12 +86,6 @@ for _name, _value in _CACHE_SETTINGS.items():
 
 
 def pytest_collection_modifyitems(config, items):
-    # The files holding long tests (marked slow: subprocess and multi-process runs) first,
-    # each file's tests kept together and in order (its module fixtures are made once):
-    # with two xdist workers, a long test collected last would leave the other worker idle
-    # at the end of the run while it finishes.
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
     needs_backend = {"gpu": "gpu", "tpu": "tpu"}
     if not any(item.get_closest_marker(m) for item in items for m in needs_backend):
         return

@@ -1,14 +1,14 @@
 """A two-process `lngram-exp train` (jax.distributed on localhost, gloo) that loses a
 process, and its restart.
 
-Process 1 is killed (SIGKILL, by tests/experiments/trainer/kill_at.py) as the step-8
-save begins, while process 0 writes its half: the survivor ends within the watch's
-timeout with one line naming process 1 and the step the rerun resumes from, exit
-EXIT_LOST, no runtime abort; the half-written step is never committed. The rerun loses
-process 0, the coordinator, the same way (the runtime aborts the survivor at once; the
-CLI's parent process, experiments/cli/supervise.py, prints the line instead), and the
-third run resumes from the newest committed step and retrains bit for bit (every loss
-the runs logged is equal).
+Processes are killed (SIGKILL, by tests/experiments/trainer/kill_at.py) before the first
+save, as a save begins (while the other process writes its half) and between saves, process
+1 or process 0 (the coordinator: the runtime aborts the survivor at once, and the CLI's
+parent process, experiments/cli/supervise.py, prints the line instead). Each time the
+survivor ends within the watch's timeout with one line naming the lost process and the
+step the rerun resumes from, exit EXIT_LOST, no runtime abort; a half-written step is
+never committed; the last run resumes from the newest committed step and retrains bit for
+bit (every loss the runs logged is equal).
 """
 
 from __future__ import annotations
@@ -67,13 +67,17 @@ def _losses(workdir) -> dict:
   return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
-def _run_pair(tmp_path, tag, env, workdir, victim_id=None, kill_call=2):
+SAVE = "experiments.trainer.checkpoint:Checkpointer.save"   # called as a save begins
+STEP = "experiments.trainer.loop:_Steps._take"                # called before each step
+
+
+def _run_pair(tmp_path, tag, env, workdir, victim_id=None, kill_at=(SAVE, 2)):
   """Both processes of one run on a fresh port; `victim_id` is SIGKILLed at the
-  `kill_call`-th checkpoint save (before it writes). (statuses, logs, seconds from the
-  victim's death to the survivor's end)."""
+  `kill_at[1]`-th call of `kill_at[0]` (before it runs). (statuses, logs, seconds from
+  the victim's death to the survivor's end)."""
   args = _command(workdir, _free_address())
   logs = [tmp_path / f"{tag}{i}.log" for i in range(2)]
-  kill = [str(KILL_AT), "experiments.trainer.checkpoint:Checkpointer.save", str(kill_call)]
+  kill = [str(KILL_AT), kill_at[0], str(kill_at[1])]
   procs = [_start([*(kill if i == victim_id else ["-m", "experiments"]), *args,
                    f"--process_id={i}"], env, logs[i]) for i in range(2)]
   try:
@@ -105,12 +109,21 @@ def _check_survivor(status, log, took, *, lost: int, resume: str):
 
 @pytest.mark.slow
 def test_a_lost_process_ends_the_other_and_the_rerun_resumes_bit_for_bit(tmp_path, child_env):
-  """Process 1 lost as the step-8 save begins; the rerun loses process 0 (the
-  coordinator, whose loss the runtime answers with an abort: the CLI's parent turns it
-  into the same line) at the same point; the third run finishes. Step 8 is never
-  committed half; every loss of every run equals the uninterrupted one's."""
+  """One workdir, four runs of both processes (checkpoints at steps 4 and 8 of 10):
+  process 1 lost before the first save (nothing committed: the rerun starts again);
+  process 1 lost as the step-8 save begins (step 8 never committed half); process 0, the
+  coordinator, lost between the saves of the resumed run (the runtime aborts the
+  survivor at once: the CLI's parent turns it into the same line); the fourth run
+  finishes. Every loss any run logged equals the finished run's."""
   env, workdir = child_env(1), tmp_path / "run"
-  statuses, logs, took = _run_pair(tmp_path, "a", env, workdir, victim_id=1)
+  statuses, logs, took = _run_pair(tmp_path, "a", env, workdir, victim_id=1,
+                                   kill_at=(STEP, 2))
+  assert statuses[1] == -9 and "[kill_at] SIGKILL at call 2" in logs[1], logs[1]
+  assert committed_steps(workdir) == []
+  _check_survivor(statuses[0], logs[0], took, lost=1, resume="starts the run again")
+  logged = _losses(workdir)
+
+  statuses, logs, took = _run_pair(tmp_path, "b", env, workdir, victim_id=1)
   assert statuses[1] == -9 and "[kill_at] SIGKILL at call 2" in logs[1], logs[1]
   committed = committed_steps(workdir)
   assert 8 not in committed and committed in ([], [4]), committed   # step 8: never half
@@ -119,14 +132,16 @@ def test_a_lost_process_ends_the_other_and_the_rerun_resumes_bit_for_bit(tmp_pat
   first = _losses(workdir)
   assert set(first) >= set(range(1, 9)), first
 
-  statuses, logs, took = _run_pair(tmp_path, "b", env, workdir, victim_id=0, kill_call=1)
+  statuses, logs, took = _run_pair(tmp_path, "c", env, workdir, victim_id=0,
+                                   kill_at=(STEP, 2))
   assert statuses[0] == -9, logs[0]
-  assert 8 not in committed_steps(workdir)
+  assert committed_steps(workdir) == committed
   _check_survivor(statuses[1], logs[1], took, lost=0, resume=resume)
   assert "(the coordinator) was lost" in logs[1]
 
-  statuses, logs, _ = _run_pair(tmp_path, "c", env, workdir)
+  statuses, logs, _ = _run_pair(tmp_path, "d", env, workdir)
   assert statuses == [0, 0], "\n".join(log[-2000:] for log in logs)
   last = _losses(workdir)
   assert sorted(last) == list(range(1, 11))
   assert {s: last[s] for s in first} == first   # bit for bit, the retrained steps too
+  assert {s: last[s] for s in logged} == logged
