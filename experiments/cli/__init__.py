@@ -162,8 +162,9 @@ def main(argv: list[str] | None = None):
   # A multi-process train runs as a child of a parent that reports a lost coordinator in
   # one line (the runtime aborts the survivors: experiments/cli/supervise.py).
   from experiments.cli import supervise
-  if supervise.needed(list(sys.argv if argv is None else argv)):
-    sys.exit(supervise.run_supervised(list(sys.argv if argv is None else argv)))
+  command_line = list(sys.argv if argv is None else argv)
+  if supervise.needed(command_line):
+    sys.exit(supervise.run_supervised(command_line))
   # Ctrl-C anywhere: orbax's threads stopped, "interrupted", 130 (training itself saves
   # first); the late asyncio noise of an abandoned read kept off the terminal.
   from experiments.cli.shutdown import cli_noise_filter, run_interruptible

@@ -93,7 +93,7 @@ class AbortFilter:
     return self.fatal is not None and bool(_SERVICE_GONE.search(self.fatal))
 
 
-def abort_line(fatal_line: str, argv: list[str], *, coordinator_lost: bool) -> str:
+def abort_line(argv: list[str], *, coordinator_lost: bool) -> str:
   """The one line for a child the runtime aborted (the lost-process line's words)."""
   from experiments.trainer.lost_process import lost_process_line
   me = int(_flag(argv, "process_id", "JAX_PROCESS_ID", 0))
@@ -105,7 +105,6 @@ def abort_line(fatal_line: str, argv: list[str], *, coordinator_lost: bool) -> s
     return lost_process_line(0, me=me, n=n, workdir=workdir, command=command,
                              what=f"was lost (its coordination service at {address} "
                                   "stopped answering)")
-  del fatal_line
   return lost_process_line(None, me=me, n=n, workdir=workdir, command=command,
                            what="stopped this process: another process failed (its own "
                                 "output says which)")
@@ -132,7 +131,7 @@ def run_supervised(argv: list[str]) -> int:
       child.kill()
   _show(lines.flush())
   if lines.fatal is not None and status == -signal.SIGABRT:
-    print(abort_line(lines.fatal, argv, coordinator_lost=lines.coordinator_lost),
+    print(abort_line(argv, coordinator_lost=lines.coordinator_lost),
           file=sys.stderr, flush=True)
     return EXIT_LOST
   return status if status >= 0 else 128 - status

@@ -57,11 +57,11 @@ def test_the_line_names_the_coordinator_and_the_resume(tmp_path):
   (tmp_path / "checkpoints" / "4").mkdir(parents=True)
   argv = ["lngram-exp", "train", f"--workdir={tmp_path}", "--coordinator=h0:1234",
           "--num_processes=2", "--process_id=1"]
-  line = supervise.abort_line(ABORTED[2], argv, coordinator_lost=True)
+  line = supervise.abort_line(argv, coordinator_lost=True)
   assert line.startswith("error: process 0 of 2 (the coordinator) was lost (its "
                          "coordination service at h0:1234 stopped answering); process 1 stops")
   assert "resumes from step 4" in line and "\n" not in line
-  other = supervise.abort_line(ABORTED[2], argv, coordinator_lost=False)
+  other = supervise.abort_line(argv, coordinator_lost=False)
   assert other.startswith("error: the coordination service stopped this process")
 
 
