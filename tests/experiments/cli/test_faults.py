@@ -278,19 +278,14 @@ def _cli_child(args):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _uninterrupted_time(args) -> float:
-  """Seconds an uninterrupted `lngram-exp *args` takes (it prints its results last)."""
+def _interrupted_cli(args, fractions):
+  """SIGINT to `lngram-exp *args` at each fraction in turn of the time an uninterrupted
+  run takes (the shortest seen: later runs may compile less), until one lands before
+  the command is done; its (returncode, stderr), or None if every one came too late."""
   start = time.perf_counter()
   out, err = _cli_child(args).communicate(timeout=600)
   assert out.strip(), err[-3000:]
-  return time.perf_counter() - start
-
-
-def _interrupted_cli(args, fractions, took):
-  """SIGINT to `lngram-exp *args` at each fraction in turn of `took`, the time an
-  uninterrupted run takes (lowered to the shortest seen: later runs may compile less),
-  until one lands before the command is done: ((returncode, stderr) or None if every one
-  came too late, the time an uninterrupted run takes as seen by then)."""
+  took = time.perf_counter() - start
   for fraction in fractions:
     start = time.perf_counter()
     child = _cli_child(args)
@@ -300,8 +295,8 @@ def _interrupted_cli(args, fractions, took):
     if out.strip():   # the command had finished (it prints its results last): try earlier
       took = min(took, time.perf_counter() - start)
       continue
-    return (child.returncode, err), took
-  return None, took
+    return child.returncode, err
+  return None
 
 
 def _assert_interrupted_cleanly(result):
@@ -315,19 +310,15 @@ def _assert_interrupted_cleanly(result):
 
 def test_ctrl_c_during_eval_exits_130_in_one_line(smoke_run):
   workdir, _ = smoke_run
-  args = ("eval", f"--workdir={workdir}")
-  took = _uninterrupted_time(args)   # measured once for both phases
   for fractions in ((0.8, 0.6, 0.5), (0.4, 0.25, 0.15, 0.1)):   # evaluating, and restoring or importing
-    result, took = _interrupted_cli(args, fractions, took)
-    _assert_interrupted_cleanly(result)
+    _assert_interrupted_cleanly(_interrupted_cli(("eval", f"--workdir={workdir}"), fractions))
 
 
 @pytest.mark.slow
 def test_ctrl_c_during_analyze_exits_130_in_one_line(smoke_run_copy):
   workdir, _ = smoke_run_copy
-  args = ("analyze", f"--workdir={workdir}")
-  result, _ = _interrupted_cli(args, (0.7, 0.5, 0.3, 0.2), _uninterrupted_time(args))
-  _assert_interrupted_cleanly(result)
+  _assert_interrupted_cleanly(_interrupted_cli(("analyze", f"--workdir={workdir}"),
+                                               (0.7, 0.5, 0.3, 0.2)))
 
 
 def test_ctrl_c_waits_for_imports_and_compiles_and_is_never_swallowed(tmp_path):
